@@ -1,0 +1,1 @@
+"""Input pipelines, tokenisation and the bundled demo data."""

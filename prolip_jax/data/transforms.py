@@ -1,0 +1,119 @@
+"""Image transforms on the host (numpy + Pillow), run inside Grain workers.
+
+Training views follow the paper's B.1 recipe: random resized crop with scale
+(0.8, 1.0), colour jitter (brightness, contrast, saturation, hue) =
+(0.32, 0.32, 0.32, 0.08) applied with probability 0.8, random grayscale with
+probability 0.2. Each view also returns its augmentation parameters as an
+``AUG_DIM``-vector (layout in ``AUG_FIELDS``) so objectives that condition on
+them (UniCLIP) can. Outputs stay uint8; normalisation happens on device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from PIL import Image
+from PIL import ImageEnhance
+
+AUG_FIELDS = ('crop_x', 'crop_y', 'crop_w', 'crop_h', 'brightness', 'contrast',
+              'saturation', 'hue', 'blur_sigma', 'flip', 'grayscale')
+AUG_DIM = len(AUG_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class AugmentConfig:
+  crop_scale: tuple[float, float] = (0.8, 1.0)
+  crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+  jitter: tuple[float, float, float, float] = (0.32, 0.32, 0.32, 0.08)
+  jitter_prob: float = 0.8
+  grayscale_prob: float = 0.2
+
+
+def identity_aug_vector() -> np.ndarray:
+  """The parameter vector of an un-augmented view (full crop, no jitter)."""
+  v = np.zeros(AUG_DIM, np.float32)
+  v[2:8] = (1.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+  return v
+
+
+def _to_pil(image: np.ndarray) -> Image.Image:
+  if image.ndim == 2:
+    image = np.repeat(image[..., None], 3, -1)
+  if image.shape[-1] == 1:
+    image = np.repeat(image, 3, -1)
+  return Image.fromarray(np.asarray(image, np.uint8)[..., :3])
+
+
+def random_resized_crop_box(rng: np.random.Generator, width: int, height: int,
+                            scale, ratio) -> tuple[int, int, int, int]:
+  """(left, top, w, h) as torchvision's RandomResizedCrop draws it."""
+  area = width * height
+  log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+  for _ in range(10):
+    target = area * rng.uniform(*scale)
+    aspect = math.exp(rng.uniform(*log_ratio))
+    w = int(round(math.sqrt(target * aspect)))
+    h = int(round(math.sqrt(target / aspect)))
+    if 0 < w <= width and 0 < h <= height:
+      return int(rng.integers(0, width - w + 1)), int(
+          rng.integers(0, height - h + 1)), w, h
+  # Fallback: central crop clamped to the ratio range.
+  in_ratio = width / height
+  if in_ratio < ratio[0]:
+    w, h = width, int(round(width / ratio[0]))
+  elif in_ratio > ratio[1]:
+    h, w = height, int(round(height * ratio[1]))
+  else:
+    w, h = width, height
+  return (width - w) // 2, (height - h) // 2, w, h
+
+
+def _shift_hue(img: Image.Image, shift: float) -> Image.Image:
+  h, s, v = img.convert('HSV').split()
+  h = np.asarray(h, np.uint8)
+  h = ((h.astype(np.int32) + int(round(shift * 255))) % 256).astype(np.uint8)
+  return Image.merge('HSV', (Image.fromarray(h), s, v)).convert('RGB')
+
+
+def train_view(image: np.ndarray, size: int, rng: np.random.Generator,
+               cfg: AugmentConfig = AugmentConfig()
+               ) -> tuple[np.ndarray, np.ndarray]:
+  """One augmented ``(size, size, 3)`` uint8 view and its parameter vector."""
+  img = _to_pil(image)
+  aug = identity_aug_vector()
+  left, top, w, h = random_resized_crop_box(rng, img.width, img.height,
+                                            cfg.crop_scale, cfg.crop_ratio)
+  img = img.resize((size, size), Image.BICUBIC,
+                   box=(left, top, left + w, top + h))
+  aug[0:4] = (left / max(1, image.shape[1]),
+              top / max(1, image.shape[0]), w / max(1, image.shape[1]),
+              h / max(1, image.shape[0]))
+  if rng.uniform() < cfg.jitter_prob:
+    b, c, s, hue = cfg.jitter
+    factors = (rng.uniform(max(0, 1 - b), 1 + b),
+               rng.uniform(max(0, 1 - c), 1 + c),
+               rng.uniform(max(0, 1 - s), 1 + s), rng.uniform(-hue, hue))
+    ops = [lambda im, f=factors[0]: ImageEnhance.Brightness(im).enhance(f),
+           lambda im, f=factors[1]: ImageEnhance.Contrast(im).enhance(f),
+           lambda im, f=factors[2]: ImageEnhance.Color(im).enhance(f),
+           lambda im, f=factors[3]: _shift_hue(im, f)]
+    for k in rng.permutation(4):  # torchvision applies them in random order
+      img = ops[k](img)
+    aug[4:8] = factors
+  if rng.uniform() < cfg.grayscale_prob:
+    img = img.convert('L').convert('RGB')
+    aug[10] = 1.0
+  return np.asarray(img, np.uint8), aug
+
+
+def eval_view(image: np.ndarray, size: int) -> np.ndarray:
+  """Resize the shorter side to ``size`` and centre-crop, ``(size, size, 3)``."""
+  img = _to_pil(image)
+  scale = size / min(img.width, img.height)
+  w = max(size, int(round(img.width * scale)))
+  h = max(size, int(round(img.height * scale)))
+  img = img.resize((w, h), Image.BICUBIC)
+  left, top = (w - size) // 2, (h - size) // 2
+  return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8)

@@ -1,0 +1,156 @@
+"""Using a trained model: ``prolip_jax.load(path)``.
+
+>>> model = prolip_jax.load('workdirs/prolip_tiny')
+>>> mu, logvar = model.encode_image([uint8_image_hxwx3, ...])
+>>> mu, logvar = model.encode_text(['a photo of a seven'])
+>>> clf = model.zero_shot_classifier(['zero', 'one'], ['a photo of a {}.'])
+>>> clf.predict(images)       # class indices by smallest CSD
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prolip_jax import checkpoint
+from prolip_jax import evaluate
+from prolip_jax.data import pipeline
+from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
+
+_DEFAULT_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_DEFAULT_STD = (0.26862954, 0.26130258, 0.27577711)
+EXPORT_WEIGHTS = 'model.safetensors'
+EXPORT_CONFIG = 'config.json'
+
+
+@dataclasses.dataclass
+class ZeroShotClassifier:
+  """Class Gaussians from a prompt ensemble (paper 4.2).
+
+  ``mu``: ``(C, d)`` mean of the prompts' means; ``var``: ``(C, d)`` mean of
+  their variances (None for deterministic models).
+  """
+  model: 'LoadedModel'
+  class_names: list[str]
+  mu: np.ndarray
+  var: Optional[np.ndarray]
+
+  def scores(self, images: Sequence[np.ndarray], metric: str = 'csd'
+             ) -> np.ndarray:
+    """``(n, C)``: ``-CSD`` (default) or cosine; higher is better."""
+    mu, logvar = self.model.encode_image(images)
+    if self.var is None:
+      metric = 'cosine'
+    return np.asarray(evaluate.zero_shot_scores(mu, logvar, self.mu, self.var,
+                                                metric))
+
+  def predict(self, images: Sequence[np.ndarray], metric: str = 'csd'
+              ) -> np.ndarray:
+    return np.argmax(self.scores(images, metric), axis=1)
+
+
+class LoadedModel:
+  """A model with its tokenizer and eval transform, ready to embed inputs."""
+
+  def __init__(self, model_config: ModelConfig, params: Any,
+               tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
+               batch_size: int = 64):
+    self.config = model_config
+    self.params = params
+    self.tokenizer = tokenizer
+    self.mean = tuple(mean)
+    self.std = tuple(std)
+    self.batch_size = batch_size
+    model = ProLIP(model_config)
+    variables = {'params': params}
+
+    @jax.jit
+    def enc_img(images):
+      x = images.astype(jnp.float32) / 255.0
+      x = (x - jnp.asarray(self.mean)) / jnp.asarray(self.std)
+      return model.apply(variables, x, method='encode_image')
+
+    @jax.jit
+    def enc_txt(tokens):
+      return model.apply(variables, tokens, method='encode_text')
+
+    self._enc_img, self._enc_txt = enc_img, enc_txt
+
+  def encode_image(self, images: Sequence[np.ndarray]
+                   ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """uint8 HxWx3 images of any size -> (mu ``(n, d)``, logvar or None)."""
+    if len(images) == 0:
+      raise ValueError('encode_image got no images')
+    batch = pipeline.eval_images(list(images), self.config.vision.image_size)
+    return evaluate.embed_in_batches(self._enc_img, batch, self.batch_size)
+
+  def encode_text(self, texts: Sequence[str] | str
+                  ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Captions -> (mu ``(n, d)``, logvar or None)."""
+    tokens = self.tokenizer(texts)
+    return evaluate.embed_in_batches(self._enc_txt, tokens, self.batch_size)
+
+  def zero_shot_classifier(self, class_names: Sequence[str],
+                           templates: Sequence[str]) -> ZeroShotClassifier:
+    """Class Gaussians from ``template.format(name)`` for every pair."""
+    if not templates or not class_names:
+      raise ValueError('need at least one class name and one template')
+    prompts = [t.format(c) for c in class_names for t in templates]
+    mu, logvar = self.encode_text(prompts)
+    shape = (len(class_names), len(templates), -1)
+    cls_mu, cls_var = evaluate.class_gaussians(
+        mu.reshape(shape), None if logvar is None else logvar.reshape(shape))
+    return ZeroShotClassifier(self, list(class_names), np.asarray(cls_mu),
+                              None if cls_var is None else np.asarray(cls_var))
+
+
+def load(path: str, step: Optional[int] = None) -> LoadedModel:
+  """Loads a training workdir (Orbax checkpoints) or an export directory.
+
+  Args:
+    path: a workdir written by ``prolip_jax.main`` (its latest checkpoint, or
+      ``step``), or a directory with ``model.safetensors`` + ``config.json``
+      written by ``tools/export_pytorch.py``.
+    step: checkpoint step for workdirs.
+  """
+  path = os.path.abspath(path)
+  if os.path.exists(os.path.join(path, EXPORT_WEIGHTS)):
+    return _load_export(path)
+  params, meta = checkpoint.load_params(path, step)
+  model_cfg = ModelConfig.from_config(meta['model'])
+  run_cfg = meta.get('config', {})
+  data = run_cfg.get('data', {})
+  tok_cfg = run_cfg.get('tokenizer', {})
+  tokenizer = Tokenizer(
+      os.path.join(path, checkpoint.TOKENIZER_FILE),
+      model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
+      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'])
+  return LoadedModel(model_cfg, params, tokenizer,
+                     data.get('mean', _DEFAULT_MEAN),
+                     data.get('std', _DEFAULT_STD))
+
+
+def _load_export(path: str) -> LoadedModel:
+  import json  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  from prolip_jax import convert  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(path, EXPORT_CONFIG)) as f:
+    cfg_json = json.load(f)
+  model_cfg = convert.model_config_from_json(cfg_json)
+  params, _ = convert.state_dict_to_params(
+      load_file(os.path.join(path, EXPORT_WEIGHTS)), model_cfg)
+  extra = cfg_json.get('prolip_jax', {})
+  tokenizer = Tokenizer(
+      os.path.join(path, extra.get('tokenizer_file', checkpoint.TOKENIZER_FILE)),
+      model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
+      mask_id=extra.get('mask_id'))
+  return LoadedModel(model_cfg, params, tokenizer,
+                     extra.get('mean', _DEFAULT_MEAN),
+                     extra.get('std', _DEFAULT_STD))

@@ -1,0 +1,345 @@
+"""ProLIP's probabilistic objectives as pure functions of arrays.
+
+Notation follows the ProLIP paper (Chun et al., ICLR 2025). Every embedding is a
+diagonal Gaussian N(mu, diag(sigma^2)) given as ``mu`` (L2-normalised) and
+``logvar = log sigma^2``, both shaped ``(batch, dim)``. All arithmetic runs in
+float32 whatever the input dtype, because bf16 variances around exp(-10) lose
+every significant digit.
+
+Nothing here knows about devices: the cross-device (blockwise) forms live in
+``prolip_jax.losses.blockwise`` and reuse these functions on local blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+_LOG2 = math.log(2.0)
+# log of the constant factor of  ∫ p1(x)^2 p2(x) dx  for 1-D Gaussians:
+# 1 / (2π sqrt(2π)) * sqrt(π)  ->  -log(2π) - log(2)/2.
+_LOG_INCLUSION_CONST = -math.log(2.0 * math.pi) - 0.5 * _LOG2
+
+# Defaults of the paper's B.1 recipe (and the release's training script).
+ALPHA1 = 1e-7  # weight of L_inclusion(Z_v ⊂ Z_t)
+ALPHA2 = 1e-3  # weight of L_inclusion(Z ⊂ Z_masked), images and texts
+BETA = 1e-4  # weight of the VIB regulariser
+INCLUSION_C = 1000.0
+INCLUSION_EPS = -20.0
+# Explosion guards of the release: a term above these is dropped for the step.
+VIB_GUARD = 1e4
+INCLUSION_GUARD = 1e5
+
+
+def _f32(*xs):
+  return tuple(jnp.asarray(x, jnp.float32) for x in xs)
+
+
+def csd(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array) -> Array:
+  """Closed-form sampled distance between every pair (paper eq. 1).
+
+  d(Z1, Z2) = E||Z1 - Z2||^2 = ||mu1 - mu2||^2 + tr(Sigma1) + tr(Sigma2).
+
+  Args:
+    mu1, logvar1: ``(n, d)`` first set of Gaussians.
+    mu2, logvar2: ``(m, d)`` second set.
+
+  Returns:
+    ``(n, m)`` float32 matrix of distances.
+  """
+  mu1, logvar1, mu2, logvar2 = _f32(mu1, logvar1, mu2, logvar2)
+  sq = (jnp.sum(mu1**2, -1)[:, None] + jnp.sum(mu2**2, -1)[None, :]
+        - 2.0 * mu1 @ mu2.T)
+  tr1 = jnp.sum(jnp.exp(logvar1), -1)
+  tr2 = jnp.sum(jnp.exp(logvar2), -1)
+  return sq + tr1[:, None] + tr2[None, :]
+
+
+def ppcl_logits(mu_img: Array, logvar_img: Array, mu_txt: Array,
+                logvar_txt: Array, scale: Array, bias: Array) -> Array:
+  """Logits of the probabilistic pairwise contrastive loss (eq. 2, A.1).
+
+  logit_ij = a * (mu_i^T mu_j - 1/2 tr(Sigma_i + Sigma_j)) + b, i.e. the
+  cosine similarity with the squared L2 distance replaced by CSD (appendix A.4).
+
+  Args:
+    mu_img, logvar_img: ``(n, d)``.
+    mu_txt, logvar_txt: ``(m, d)``.
+    scale: the scalar ``a`` itself (the model stores ``log a``).
+    bias: the scalar ``b``.
+
+  Returns:
+    ``(n, m)`` float32 logits.
+  """
+  mu_img, logvar_img, mu_txt, logvar_txt = _f32(mu_img, logvar_img, mu_txt,
+                                                logvar_txt)
+  half_tr_img = 0.5 * jnp.sum(jnp.exp(logvar_img), -1)
+  half_tr_txt = 0.5 * jnp.sum(jnp.exp(logvar_txt), -1)
+  sim = mu_img @ mu_txt.T - half_tr_img[:, None] - half_tr_txt[None, :]
+  return scale * sim + bias
+
+
+def sigmoid_pairwise_loss_sum(logits: Array, positives_on_diagonal: bool = True
+                              ) -> Array:
+  """Sum over all pairs of ``-log sigmoid(y_ij * logit_ij)``.
+
+  ``y_ij`` is +1 on the diagonal when ``positives_on_diagonal`` and -1
+  elsewhere; a block of logits that holds no positives (an off-diagonal block
+  of the blockwise ring) passes ``positives_on_diagonal=False``.
+  """
+  n, m = logits.shape
+  if positives_on_diagonal:
+    labels = 2.0 * jnp.eye(n, m, dtype=logits.dtype) - 1.0
+  else:
+    labels = -jnp.ones_like(logits)
+  return -jnp.sum(jax.nn.log_sigmoid(labels * logits))
+
+
+def ppcl_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
+              logvar_txt: Array, scale: Array, bias: Array) -> Array:
+  """Probabilistic pairwise contrastive loss, PPCL (paper eq. 2).
+
+  Sigmoid loss over all image-text pairs of the batch with CSD-based logits
+  (``ppcl_logits``); pair (i, i) is positive, every other pair negative.
+  Normalisation follows SigLIP and the release: the sum over all n*n pairs is
+  divided by the number of images n, i.e. the loss is per image.
+
+  Args:
+    mu_img, logvar_img, mu_txt, logvar_txt: ``(n, d)``; row i of the images is
+      paired with row i of the texts.
+    scale: ``a`` (positive, init 10). bias: ``b`` (init -10).
+
+  Returns:
+    scalar float32 loss.
+  """
+  logits = ppcl_logits(mu_img, logvar_img, mu_txt, logvar_txt, scale, bias)
+  return sigmoid_pairwise_loss_sum(logits) / logits.shape[0]
+
+
+def log_inclusion(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array,
+                  eps: float = 0.0) -> Array:
+  """Log inclusion measure inc(Z1, Z2) per dimension, as eq. 3 is printed.
+
+  inc = -2 log s1 - log s2 - 1/2 log A + B^2 / (4A) - C with s = sigma^2,
+  A = i1 + i2/2, B = 2 mu1 i1 + mu2 i2, C = mu1^2 i1 + mu2^2 i2 / 2 and
+  i = exp(eps) / sigma^2 (the paper's stability trick of section 3.3: eps < 0
+  makes every Gaussian look exp(-eps) times wider inside A, B, C).
+
+  This is the *printed* form: its prefactor doubles the log-variance terms of
+  the true log ∫p1^2 p2 (see ``log_inclusion_exact``). It is what ProLIP trains
+  with. It is evaluated in the algebraically equal, cancellation-free form
+  B^2/(4A) - C = -exp(eps) (mu1 - mu2)^2 / (s1 + 2 s2) and
+  log A = eps + log(1/s1 + 1/(2 s2)), so gradients stay finite for sigma^2
+  from 1e-8 to 1e3 in float32.
+
+  Args:
+    mu1, logvar1, mu2, logvar2: arrays of one broadcastable shape
+      ``(..., d)``.
+    eps: the log of the multiplier on 1/sigma^2 (paper: -20 in training, -100
+      recommended for new work, 0 for the plain measure).
+
+  Returns:
+    float32 array of the broadcast shape: one value per dimension.
+  """
+  mu1, logvar1, mu2, logvar2 = _f32(mu1, logvar1, mu2, logvar2)
+  log_a = eps + jnp.logaddexp(-logvar1, -logvar2 - _LOG2)
+  quad = (mu1 - mu2)**2 * jnp.exp(eps - jnp.logaddexp(logvar1,
+                                                      logvar2 + _LOG2))
+  return -2.0 * logvar1 - logvar2 - 0.5 * log_a - quad
+
+
+def log_inclusion_exact(mu1: Array, logvar1: Array, mu2: Array,
+                        logvar2: Array) -> Array:
+  """Exact per-dimension log ∫ p1(x)^2 p2(x) dx with all constants (app. A.5).
+
+  Prefactor -log s1 - 1/2 log s2 (not eq. 3's doubled -2 log s1 - log s2), plus
+  the constant -log(2π) - log(2)/2 that eq. 3 omits and no stability trick. Use
+  it for analysis; training uses ``log_inclusion``.
+
+  Args:
+    mu1, logvar1, mu2, logvar2: broadcastable ``(..., d)``.
+
+  Returns:
+    float32 array, one value per dimension; summing over d gives the log of
+    the d-dimensional integral for diagonal Gaussians.
+  """
+  mu1, logvar1, mu2, logvar2 = _f32(mu1, logvar1, mu2, logvar2)
+  log_a = jnp.logaddexp(-logvar1, -logvar2 - _LOG2)
+  quad = (mu1 - mu2)**2 * jnp.exp(-jnp.logaddexp(logvar1, logvar2 + _LOG2))
+  return (-logvar1 - 0.5 * logvar2 - 0.5 * log_a - quad
+          + _LOG_INCLUSION_CONST)
+
+
+def inclusion_hypothesis(mu1: Array, logvar1: Array, mu2: Array,
+                         logvar2: Array, eps: float = 0.0,
+                         per_dimension: bool = False) -> Array:
+  """Inclusion hypothesis H(Z1 ⊂ Z2) = inc(Z1, Z2) - inc(Z2, Z1) (eq. 4).
+
+  Positive when Z1 is included in Z2 (Z2 wider and covering Z1's mass).
+
+  Args:
+    mu1, logvar1, mu2, logvar2: broadcastable ``(..., d)``.
+    eps: stability exponent passed to ``log_inclusion``.
+    per_dimension: return ``(..., d)`` per-dimension values (what the loss
+      uses) instead of their sum over the last axis ``(...)``.
+
+  Returns:
+    float32 array.
+  """
+  h = (log_inclusion(mu1, logvar1, mu2, logvar2, eps)
+       - log_inclusion(mu2, logvar2, mu1, logvar1, eps))
+  return h if per_dimension else jnp.sum(h, -1)
+
+
+def inclusion_loss(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array,
+                   c: float = INCLUSION_C, eps: float = INCLUSION_EPS) -> Array:
+  """Inclusion loss L_inclusion(Z1 ⊂ Z2) (eq. 5).
+
+  -log sigmoid(c * H) with H per dimension (``inclusion_hypothesis(...,
+  per_dimension=True)``), averaged over the batch and the dimensions as in the
+  release. Defaults c = 1000, eps = -20 are the paper's training values; the
+  paper recommends c = 10, eps = -100 for new work.
+
+  Args:
+    mu1, logvar1: ``(n, d)`` the Gaussians that should be included.
+    mu2, logvar2: ``(n, d)`` the including Gaussians, row-aligned.
+
+  Returns:
+    scalar float32 loss.
+  """
+  h = inclusion_hypothesis(mu1, logvar1, mu2, logvar2, eps,
+                           per_dimension=True)
+  return jnp.mean(-jax.nn.log_sigmoid(c * h))
+
+
+def vib_loss(mu: Array, logvar: Array, release_quirk: bool = False) -> Array:
+  """Variational information bottleneck, KL(N(mu, sigma^2) || N(0, 1)) (eq. A.2).
+
+  -1/2 (1 + log s - mu^2 - s) per element, averaged over batch and dimensions.
+
+  Args:
+    mu, logvar: ``(n, d)``.
+    release_quirk: reproduce the public release, which evaluates the formula
+      with log sigma = logvar / 2 in place of log sigma^2 (also inside
+      sigma^2 = exp(.)). Off by default: the paper's KL.
+
+  Returns:
+    scalar float32 loss.
+  """
+  mu, logvar = _f32(mu, logvar)
+  lv = 0.5 * logvar if release_quirk else logvar
+  return jnp.mean(-0.5 * (1.0 + lv - mu**2 - jnp.exp(lv)))
+
+
+class GaussianBatch(NamedTuple):
+  """Means and log-variances of a batch of Gaussian embeddings, ``(n, d)``."""
+  mu: Array
+  logvar: Array
+
+
+def prolip_regularizers(img: GaussianBatch, txt: GaussianBatch,
+                        img_masked: Optional[GaussianBatch] = None,
+                        txt_masked: Optional[GaussianBatch] = None, *,
+                        c: float = INCLUSION_C, eps: float = INCLUSION_EPS,
+                        vib_release_quirk: bool = False) -> dict[str, Array]:
+  """The per-sample terms of eq. 6, each a mean over its local samples.
+
+  Returns a dict with ``inclusion_img_txt`` (Z_v ⊂ Z_t, row-aligned pairs),
+  ``inclusion_masked_img`` / ``inclusion_masked_txt`` (Z ⊂ Z_masked, the
+  masked copies being of the first ``n_masked`` rows) and ``vib_img`` /
+  ``vib_txt``. Masked terms are absent when no masked copies are given.
+  Unweighted; ``combine_prolip_terms`` applies eq. 6's weights.
+  """
+  terms = {
+      'inclusion_img_txt': inclusion_loss(img.mu, img.logvar, txt.mu,
+                                          txt.logvar, c, eps),
+      'vib_img': vib_loss(img.mu, img.logvar, vib_release_quirk),
+      'vib_txt': vib_loss(txt.mu, txt.logvar, vib_release_quirk),
+  }
+  for name, full, masked in (('img', img, img_masked),
+                             ('txt', txt, txt_masked)):
+    if masked is not None:
+      n = masked.mu.shape[0]
+      terms[f'inclusion_masked_{name}'] = inclusion_loss(
+          full.mu[:n], full.logvar[:n], masked.mu, masked.logvar, c, eps)
+  return terms
+
+
+def combine_prolip_terms(terms: Mapping[str, Array], *, alpha1: float = ALPHA1,
+                         alpha2: float = ALPHA2, beta: float = BETA,
+                         guard: bool = True) -> tuple[Array, dict[str, Array]]:
+  """Weighted sum of eq. 6 from already-reduced terms.
+
+  ``terms`` holds ``ppcl`` plus the output of ``prolip_regularizers`` (already
+  averaged over the whole batch when sharded). With ``guard`` the release's
+  explosion guards apply: a VIB term above 1e4 or an inclusion term whose
+  magnitude exceeds 1e5 is dropped for this step, and ``guard_dropped`` counts
+  how many were.
+
+  Returns:
+    ``(total, metrics)`` where metrics holds every term and the total.
+  """
+  weights = {'ppcl': 1.0, 'inclusion_img_txt': alpha1,
+             'inclusion_masked_img': alpha2, 'inclusion_masked_txt': alpha2,
+             'vib_img': beta, 'vib_txt': beta}
+  total = jnp.zeros((), jnp.float32)
+  dropped = jnp.zeros((), jnp.int32)
+  for name, value in terms.items():
+    if name not in weights:
+      raise KeyError(f'unknown ProLIP loss term {name!r}')
+    keep = jnp.asarray(True)
+    if guard and name.startswith('vib'):
+      keep = value <= VIB_GUARD
+    elif guard and name.startswith('inclusion'):
+      keep = jnp.abs(value) <= INCLUSION_GUARD
+    keep = keep & jnp.isfinite(value) if guard else keep
+    total = total + jnp.where(keep, weights[name] * value, 0.0)
+    dropped = dropped + (~keep).astype(jnp.int32)
+  metrics = dict(terms)
+  metrics['loss'] = total
+  if guard:
+    metrics['guard_dropped'] = dropped
+  return total, metrics
+
+
+def prolip_loss(img: GaussianBatch, txt: GaussianBatch, scale: Array,
+                bias: Array, img_masked: Optional[GaussianBatch] = None,
+                txt_masked: Optional[GaussianBatch] = None, *,
+                alpha1: float = ALPHA1, alpha2: float = ALPHA2,
+                beta: float = BETA, c: float = INCLUSION_C,
+                eps: float = INCLUSION_EPS, vib_release_quirk: bool = False,
+                guard: bool = True) -> tuple[Array, dict[str, Array]]:
+  """The full ProLIP objective of eq. 6 on one device's batch.
+
+  L = PPCL(v, t) + alpha1 * L_inc(v ⊂ t)
+      + alpha2 * [L_inc(v ⊂ v_masked) + L_inc(t ⊂ t_masked)]
+      + beta * [VIB(v) + VIB(t)].
+
+  Each term is a mean over its samples (PPCL per image as in SigLIP; the others
+  over batch and dimensions), as in the release, rather than eq. 6's raw sums.
+
+  Args:
+    img, txt: ``GaussianBatch`` of ``(n, d)``, row-aligned pairs.
+    scale, bias: the PPCL scalars ``a`` (not its log) and ``b``.
+    img_masked, txt_masked: optional ``(n_masked, d)`` embeddings of masked
+      copies of the first ``n_masked`` images / texts.
+    alpha1, alpha2, beta: eq. 6 weights (defaults from paper B.1).
+    c, eps: inclusion-loss sharpness and stability exponent.
+    vib_release_quirk: see ``vib_loss``.
+    guard: drop exploding terms for the step as the release does.
+
+  Returns:
+    ``(total, metrics)``; metrics holds every unweighted term and ``loss``.
+  """
+  terms = {'ppcl': ppcl_loss(img.mu, img.logvar, txt.mu, txt.logvar, scale,
+                             bias)}
+  terms.update(prolip_regularizers(img, txt, img_masked, txt_masked, c=c,
+                                   eps=eps,
+                                   vib_release_quirk=vib_release_quirk))
+  return combine_prolip_terms(terms, alpha1=alpha1, alpha2=alpha2, beta=beta,
+                              guard=guard)

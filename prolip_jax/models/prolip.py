@@ -1,0 +1,130 @@
+"""The dual encoder: image tower, text tower and the two loss scalars."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from prolip_jax.models.towers import ImageTower
+from prolip_jax.models.towers import TextConfig
+from prolip_jax.models.towers import TextTower
+from prolip_jax.models.towers import VisionConfig
+
+Array = jax.Array
+
+_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16,
+           'float16': jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything that fixes the parameter tree and the forward pass."""
+  embed_dim: int = 768
+  vision: VisionConfig = VisionConfig()
+  text: TextConfig = TextConfig()
+  use_unc: bool = True
+  release_compat: bool = False
+  init_logit_scale: float = 10.0  # a, stored as log a
+  init_logit_bias: float = -10.0  # b
+  compute_dtype: str = 'float32'
+  remat: bool = False
+
+  @classmethod
+  def from_config(cls, cfg: Mapping[str, Any]) -> 'ModelConfig':
+    """Builds from a ``config.model`` ConfigDict, rejecting unknown keys."""
+    cfg = dict(cfg.to_dict() if isinstance(cfg, ml_collections.ConfigDict)
+               else cfg)
+    vision = dict(cfg.pop('vision', {}))
+    text = dict(cfg.pop('text', {}))
+    _check_keys('model', cfg, cls)
+    _check_keys('model.vision', vision, VisionConfig)
+    _check_keys('model.text', text, TextConfig)
+    out = cls(vision=VisionConfig(**vision), text=TextConfig(**text), **cfg)
+    out.validate()
+    return out
+
+  def validate(self):
+    if self.compute_dtype not in _DTYPES:
+      raise ValueError(f'model.compute_dtype must be one of {list(_DTYPES)}, '
+                       f'got {self.compute_dtype!r}')
+    if self.text.pool not in ('cls', 'argmax'):
+      raise ValueError(f"model.text.pool must be 'cls' or 'argmax', got "
+                       f'{self.text.pool!r}')
+    if self.text.pool == 'argmax' and self.use_unc:
+      raise ValueError("model.text.pool='argmax' (open_clip CLIP text tower) "
+                       'has no [UNC] token: set model.use_unc=False')
+    if self.vision.image_size % self.vision.patch_size:
+      raise ValueError('model.vision.image_size must be a multiple of '
+                       'model.vision.patch_size')
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @property
+  def num_patches(self) -> int:
+    return (self.vision.image_size // self.vision.patch_size)**2
+
+
+def _check_keys(where, given, dc):
+  known = {f.name for f in dataclasses.fields(dc)}
+  unknown = sorted(set(given) - known)
+  if unknown:
+    raise ValueError(f'unknown {where} config keys {unknown}; known: '
+                     f'{sorted(known)}')
+
+
+class ProLIP(nn.Module):
+  """Image tower ``visual``, text tower ``text``, ``logit_scale``, ``logit_bias``.
+
+  ``logit_scale`` holds log a (PPCL/SigLIP temperature, eq. 2) and
+  ``logit_bias`` holds b. Call ``encode_image`` / ``encode_text`` through
+  ``apply(..., method=...)``; ``__call__`` runs both (used for ``init``).
+  """
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    dtype = _DTYPES[cfg.compute_dtype]
+    self.visual = ImageTower(cfg.vision, cfg.embed_dim, cfg.use_unc,
+                             cfg.release_compat, dtype, cfg.remat)
+    self.text = TextTower(cfg.text, cfg.embed_dim, cfg.use_unc,
+                          cfg.release_compat, dtype, cfg.remat)
+    self.logit_scale = self.param(
+        'logit_scale', nn.initializers.constant(math.log(cfg.init_logit_scale)),
+        ())
+    self.logit_bias = self.param(
+        'logit_bias', nn.initializers.constant(cfg.init_logit_bias), ())
+
+  def encode_image(self, images: Array, keep_indices: Optional[Array] = None):
+    """``(b, h, w, 3)`` normalised images -> ``(mu, logvar)``, each ``(b, d)``."""
+    return self.visual(images, keep_indices)
+
+  def encode_text(self, tokens: Array):
+    """``(b, L)`` token ids -> ``(mu, logvar)``, each ``(b, d)``."""
+    return self.text(tokens)
+
+  def scale_and_bias(self):
+    """``(a, b)``: the exponentiated scale and the bias, float32 scalars."""
+    return jnp.exp(self.logit_scale), self.logit_bias
+
+  def __call__(self, images: Array, tokens: Array):
+    return self.encode_image(images), self.encode_text(tokens), \
+        self.scale_and_bias()
+
+
+def init_params(config: ModelConfig, rng: Array) -> dict[str, Any]:
+  """Initial parameters for ``config`` (batch of one, shapes only matter)."""
+  size = config.vision.image_size
+  images = jnp.zeros((1, size, size, 3), jnp.float32)
+  tokens = jnp.zeros((1, config.text.context_length), jnp.int32)
+  return ProLIP(config).init(rng, images, tokens)['params']
+
+
+def count_params(tree) -> int:
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))

@@ -1,0 +1,76 @@
+"""Config-selected training objectives over tower outputs.
+
+An objective maps the embeddings of one step to ``(loss, metrics)``. When the
+batch is split over several devices it runs inside ``shard_map`` with the
+blockwise (ring) losses, so no device ever holds the global B x B logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from prolip_jax import losses
+from prolip_jax import sharding as shd
+
+OBJECTIVES = ('prolip', 'siglip', 'clip')
+PROBABILISTIC = ('prolip',)
+
+
+def _loss_kwargs(loss_cfg) -> dict[str, Any]:
+  return dict(alpha1=loss_cfg.alpha1, alpha2=loss_cfg.alpha2,
+              beta=loss_cfg.beta, c=loss_cfg.c, eps=loss_cfg.eps,
+              vib_release_quirk=loss_cfg.vib_release_quirk,
+              guard=loss_cfg.guard)
+
+
+def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
+                    ) -> Callable[..., tuple[jax.Array, dict]]:
+  """``f(img, txt, scale, bias, img_masked, txt_masked) -> (loss, metrics)``.
+
+  ``img``/``txt`` are ``losses.GaussianBatch`` (logvar None for deterministic
+  objectives). With ``axis_name`` the function expects local shards and uses
+  the blockwise forms; the result is the global-batch loss on every device.
+  """
+  if name == 'prolip':
+    if axis_name is None:
+      return lambda *a: losses.prolip_loss(*a, **_loss_kwargs(loss_cfg))
+    from prolip_jax.losses import blockwise  # pylint: disable=g-import-not-at-top
+    return lambda *a: blockwise.prolip_loss_blockwise(
+        *a, axis_name=axis_name, **_loss_kwargs(loss_cfg))
+  if name == 'siglip':
+    def siglip(img, txt, scale, bias, *_):
+      if axis_name is None:
+        loss = losses.siglip_loss(img.mu, txt.mu, scale, bias)
+      else:
+        from prolip_jax.losses import blockwise  # pylint: disable=g-import-not-at-top
+        loss = blockwise.siglip_loss_blockwise(img.mu, txt.mu, scale, bias,
+                                               axis_name)
+      return loss, {'loss': loss, 'siglip': loss}
+    return siglip
+  if name == 'clip':
+    if axis_name is not None:
+      raise NotImplementedError(
+          "objective 'clip' is single-device only for now: its softmax needs "
+          'the global column sums; use a mesh of one device or siglip')
+    def clip(img, txt, scale, bias, *_):
+      loss = losses.clip_loss(img.mu, txt.mu, scale)
+      return loss, {'loss': loss, 'clip': loss}
+    return clip
+  raise ValueError(f'unknown objective {name!r}; have {OBJECTIVES}')
+
+
+def objective(name: str, loss_cfg, mesh) -> Callable[..., tuple[jax.Array,
+                                                                 dict]]:
+  """The objective over global (sharded) arrays for ``mesh``."""
+  if shd.num_batch_shards(mesh) == 1:
+    return local_objective(name, loss_cfg)
+  fn = local_objective(name, loss_cfg, axis_name=shd.BATCH_AXES)
+  batch = P(shd.BATCH_AXES)
+  # in_specs are pytree prefixes: every array of img/txt (and masked copies)
+  # is split along its batch dimension; scale and bias are replicated.
+  return jax.shard_map(fn, mesh=mesh,
+                       in_specs=(batch, batch, P(), P(), batch, batch),
+                       out_specs=P(), check_vma=False)

@@ -1,0 +1,92 @@
+"""Model presets as ``ConfigDict``s matching ``ModelConfig``'s fields.
+
+``model_preset('B/16')`` is the paper's ProLIP ViT-B/16: 224px, patch 16,
+12x768 image and text towers, 12 heads, context 64, embedding 768, vocabulary
+32,100 (the SigLIP sentencepiece model).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+_VISION = {
+    # name: (image_size, patch, width, layers, heads)
+    'tiny': (32, 8, 128, 4, 4),
+    'B/32': (224, 32, 768, 12, 12),
+    'B/16': (224, 16, 768, 12, 12),
+    'L/16': (224, 16, 1024, 24, 16),
+}
+_TEXT = {
+    # name: (width, layers, heads, context_length, vocab_size)
+    'tiny': (128, 3, 4, 32, 256),
+    'B/32': (768, 12, 12, 64, 32100),
+    'B/16': (768, 12, 12, 64, 32100),
+    'L/16': (1024, 24, 16, 64, 32100),
+}
+_EMBED = {'tiny': 64, 'B/32': 768, 'B/16': 768, 'L/16': 1024}
+
+
+def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
+  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``, ``L/16``)."""
+  if name not in _VISION:
+    raise ValueError(f'unknown model preset {name!r}; have {sorted(_VISION)}')
+  size, patch, vw, vl, vh = _VISION[name]
+  tw, tl, th, ctx, vocab = _TEXT[name]
+  return ml_collections.ConfigDict({
+      'embed_dim': _EMBED[name],
+      'vision': {'image_size': size, 'patch_size': patch, 'width': vw,
+                 'layers': vl, 'heads': vh, 'mlp_ratio': 4.0, 'act': 'gelu',
+                 'ln_eps': 1e-5},
+      'text': {'vocab_size': vocab, 'context_length': ctx, 'width': tw,
+               'layers': tl, 'heads': th, 'mlp_ratio': 4.0, 'act': 'gelu',
+               'ln_eps': 1e-6, 'pad_id': 0, 'proj_bias': True, 'pool': 'cls',
+               'causal': False},
+      'use_unc': use_unc,
+      'release_compat': False,
+      'init_logit_scale': 10.0,
+      'init_logit_bias': -10.0,
+      'compute_dtype': 'float32',
+      'remat': False,
+  })
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Run settings shared by every config; each config file overrides some."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.objective = 'prolip'  # 'prolip' | 'siglip' | 'clip'
+  c.model = model_preset('tiny')
+  c.batch_size = 128  # global, over all devices and hosts
+  c.total_steps = 1000
+  c.loss = ml_collections.ConfigDict({
+      'alpha1': 1e-7, 'alpha2': 1e-3, 'beta': 1e-4, 'c': 1000.0, 'eps': -20.0,
+      'vib_release_quirk': False, 'guard': True})
+  c.masking = ml_collections.ConfigDict({
+      'fraction': 0.125,  # samples of the batch that get a masked copy
+      'image_keep_ratio': 0.25,  # paper: 75% of patch tokens dropped
+      'text_mask_prob': 0.75})
+  c.optim = ml_collections.ConfigDict({
+      'lr': 5e-4, 'b1': 0.9, 'b2': 0.95, 'eps': 1e-6, 'weight_decay': 0.2,
+      'warmup_steps': 100, 'end_lr_ratio': 0.0, 'grad_clip': 0.0,
+      'max_logit_scale': 100.0})
+  c.data = ml_collections.ConfigDict({
+      'name': 'digits',
+      'mean': (0.48145466, 0.4578275, 0.40821073),  # CLIP's constants
+      'std': (0.26862954, 0.26130258, 0.27577711),
+      'crop_scale': (0.8, 1.0),
+      'jitter': (0.32, 0.32, 0.32, 0.08),
+      'jitter_prob': 0.8,
+      'grayscale_prob': 0.2,
+      'num_workers': 0,
+      'num_threads': 2,
+  })
+  c.tokenizer = ml_collections.ConfigDict({
+      'model_path': '',  # empty: train one on the dataset's captions
+      'vocab_size': 256, 'pad_id': -1, 'mask_id': -1})  # -1: from the model
+  c.eval = ml_collections.ConfigDict({'every_steps': 0, 'batch_size': 250})
+  c.log_every_steps = 20
+  c.checkpoint_every_steps = 200
+  c.keep_checkpoints = 3
+  # num_devices 0: every device of every host.
+  c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'num_devices': 0})
+  return c

@@ -1,0 +1,446 @@
+"""Training: ``train_and_evaluate(config, workdir)``.
+
+One jitted ``train_step`` (read it top to bottom: embed, mask, objective,
+AdamW update, clamp the scale), a data pipeline that is exactly resumable from
+the step, Orbax checkpoints every ``checkpoint_every_steps`` (and on
+interruption), metrics to ``WORKDIR/metrics.jsonl`` and TensorBoard.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from absl import logging
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from prolip_jax import checkpoint
+from prolip_jax import evaluate
+from prolip_jax import objectives
+from prolip_jax import sharding as shd
+from prolip_jax.data import digits
+from prolip_jax.data import pipeline
+from prolip_jax.data import transforms
+from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.data.tokenizer import train_tokenizer
+from prolip_jax.losses import GaussianBatch
+from prolip_jax.models import masking
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer updates done so far
+  params: Any
+  opt_state: Any
+
+
+# ----------------------------------------------------------------------------
+# Optimizer
+
+
+def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
+  """Linear warm-up from 0 to ``lr``, then cosine decay to ``lr*end_ratio``."""
+  warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=optim.lr, warmup_steps=warmup,
+      decay_steps=max(total_steps, warmup + 1),
+      end_value=optim.lr * optim.end_lr_ratio)
+
+
+def weight_decay_mask(params: Any) -> Any:
+  """Decay matrices and kernels only: not norms, biases, [CLS]/[UNC] tokens,
+  nor the scalars a and b (everything with fewer than two dimensions)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(optim, total_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  schedule = learning_rate_schedule(optim, total_steps)
+  tx = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                   weight_decay=optim.weight_decay, mask=weight_decay_mask)
+  if optim.grad_clip > 0:
+    tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), tx)
+  return tx, schedule
+
+
+# ----------------------------------------------------------------------------
+# The train step
+
+
+def normalize_images(images: jax.Array, mean, std) -> jax.Array:
+  """uint8 ``(b, h, w, 3)`` -> float32 normalised with per-channel mean/std."""
+  x = images.astype(jnp.float32) / 255.0
+  return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
+
+
+def leading_rows_per_shard(x: jax.Array, shards: int, n: int) -> jax.Array:
+  """The first ``n`` rows of each of ``shards`` equal batch shards.
+
+  The masked copies are taken per shard so that each device masks its own
+  first rows (on one device: the first n of the batch, as in the paper) and
+  the extra work is spread evenly.
+  """
+  b = x.shape[0] // shards
+  return x.reshape(shards, b, *x.shape[1:])[:, :n].reshape(
+      shards * n, *x.shape[1:])
+
+
+def gaussian_stats(img: GaussianBatch, txt: GaussianBatch) -> dict[str, Any]:
+  if img.logvar is None:
+    return {}
+  return {'sigma2_img': jnp.mean(jnp.exp(img.logvar)),
+          'sigma2_txt': jnp.mean(jnp.exp(txt.logvar))}
+
+
+def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
+                    tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    mesh, mask_id: int) -> Callable:
+  """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted."""
+  model_cfg: ModelConfig = model.config
+  shards = shd.num_batch_shards(mesh)
+  local_batch = config.batch_size // shards
+  n_masked = 0
+  if config.objective in objectives.PROBABILISTIC:
+    n_masked = masking.num_masked(local_batch, config.masking.fraction)
+  objective = objectives.objective(config.objective, config.loss, mesh)
+  max_log_scale = math.log(config.optim.max_logit_scale)
+
+  def loss_fn(params, batch, rng):
+    apply = functools.partial(model.apply, {'params': params})
+    images = normalize_images(batch['image'], config.data.mean,
+                              config.data.std)
+    tokens = batch['tokens']
+    img = GaussianBatch(*apply(images, method='encode_image'))
+    txt = GaussianBatch(*apply(tokens, method='encode_text'))
+    img_masked = txt_masked = None
+    if n_masked:
+      rng_img, rng_txt = jax.random.split(rng)
+      keep = masking.random_keep_indices(
+          rng_img, shards * n_masked, model_cfg.num_patches,
+          config.masking.image_keep_ratio)
+      img_masked = GaussianBatch(*apply(
+          leading_rows_per_shard(images, shards, n_masked), keep,
+          method='encode_image'))
+      masked_tokens = masking.mask_text_tokens(
+          rng_txt, leading_rows_per_shard(tokens, shards, n_masked), mask_id,
+          model_cfg.text.pad_id, config.masking.text_mask_prob)
+      txt_masked = GaussianBatch(*apply(masked_tokens, method='encode_text'))
+    scale = jnp.exp(params['logit_scale'])
+    bias = params['logit_bias']
+    loss, metrics = objective(img, txt, scale, bias, img_masked, txt_masked)
+    metrics = dict(metrics, scale=scale, bias=bias,
+                   **gaussian_stats(img, txt))
+    return loss, metrics
+
+  def train_step(state: TrainState, batch, rng):
+    rng = jax.random.fold_in(rng, state.step)
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, rng)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # As in the release: keep the temperature a = exp(log a) within [1, 100].
+    params = dict(params, logit_scale=jnp.clip(params['logit_scale'], 0.0,
+                                               max_log_scale))
+    metrics['grad_norm'] = optax.global_norm(grads)
+    metrics['lr'] = schedule(state.step)
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return train_step
+
+
+# ----------------------------------------------------------------------------
+# Set-up helpers
+
+
+def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]]
+                    ) -> Tokenizer:
+  """The run's tokenizer, kept at ``WORKDIR/tokenizer.model``.
+
+  A configured ``tokenizer.model_path`` is copied there; without one, a
+  sentencepiece model is trained on the dataset's captions at first run and
+  reused on every later run (and by ``prolip_jax.load``).
+  """
+  path = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  if config.tokenizer.model_path:
+    if jax.process_index() == 0 and not os.path.exists(path):
+      shutil.copyfile(config.tokenizer.model_path, path)
+    src = config.tokenizer.model_path
+  else:
+    if not os.path.exists(path):
+      if corpus is None:
+        raise ValueError('tokenizer.model_path is empty and the dataset '
+                         f'{config.data.name!r} has no caption corpus to train '
+                         'one on')
+      logging.info('Training a sentencepiece tokenizer -> %s', path)
+      train_tokenizer(corpus(), path, config.tokenizer.vocab_size)
+    src = path
+  pad = config.tokenizer.pad_id
+  mask = config.tokenizer.mask_id
+  return Tokenizer(src, config.model.text.context_length,
+                   pad_id=None if pad < 0 else pad,
+                   mask_id=None if mask < 0 else mask)
+
+
+def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
+  """The model config with the tokenizer's pad id; checks the vocabulary."""
+  cfg = ModelConfig.from_config(config.model)
+  if tokenizer.vocab_size > cfg.text.vocab_size:
+    raise ValueError(f'tokenizer has {tokenizer.vocab_size} pieces but '
+                     f'model.text.vocab_size is {cfg.text.vocab_size}')
+  text = dict(cfg.text.__dict__, pad_id=tokenizer.pad_id)
+  return ModelConfig.from_config(dict(cfg.to_dict(), text=text))
+
+
+def train_source(config):
+  """The training records and a caption corpus for the tokenizer."""
+  if config.data.name == 'digits':
+    return digits.records('train'), digits.tokenizer_corpus
+  raise ValueError(f'unknown data.name {config.data.name!r}; have: digits')
+
+
+def augment_config(data) -> transforms.AugmentConfig:
+  return transforms.AugmentConfig(
+      crop_scale=tuple(data.crop_scale), jitter=tuple(data.jitter),
+      jitter_prob=data.jitter_prob, grayscale_prob=data.grayscale_prob)
+
+
+def validate_config(config):
+  if config.objective not in objectives.OBJECTIVES:
+    raise ValueError(f'unknown objective {config.objective!r}; have '
+                     f'{objectives.OBJECTIVES}')
+  if config.objective in objectives.PROBABILISTIC and not config.model.use_unc:
+    raise ValueError(f'objective {config.objective!r} needs model.use_unc=True')
+  if config.total_steps <= 0 or config.batch_size <= 0:
+    raise ValueError('total_steps and batch_size must be positive')
+  if not 0 < config.masking.image_keep_ratio <= 1:
+    raise ValueError('masking.image_keep_ratio must be in (0, 1]')
+
+
+class MetricWriter:
+  """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars."""
+
+  def __init__(self, workdir: str, enabled: bool):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.tb = None
+    if enabled:
+      try:
+        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+        self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      except ImportError:  # TensorBoard output is a convenience
+        logging.warning('tensorboardX missing: no TensorBoard event files')
+
+  def write(self, step: int, scalars: dict[str, float]):
+    if not self.enabled:
+      return
+    row = {'step': int(step)}
+    row.update({k: float(v) for k, v in scalars.items()})
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(row) + '\n')
+    if self.tb is not None:
+      for k, v in scalars.items():
+        self.tb.add_scalar(k, float(v), int(step))
+      self.tb.flush()
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+class _StopFlag:
+  """Turns SIGTERM into a checkpoint-then-exit at the next step boundary."""
+
+  def __init__(self):
+    self.stop = False
+    try:
+      signal.signal(signal.SIGTERM, self._handler)
+    except ValueError:  # not in the main thread
+      pass
+
+  def _handler(self, signum, frame):
+    del signum, frame
+    self.stop = True
+
+
+def _fmt_time(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h:d}:{m:02d}:{s:02d}'
+
+
+# ----------------------------------------------------------------------------
+# The loop
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       max_steps: Optional[int] = None) -> dict[str, Any]:
+  """Trains (resuming from the latest checkpoint) and evaluates.
+
+  Args:
+    config: a run config (see ``configs/``).
+    workdir: checkpoints, tokenizer, metrics and TensorBoard files go here.
+    max_steps: stop after this many steps in this call (the schedule still
+      spans ``config.total_steps``); for tests of interruption and resume.
+
+  Returns:
+    A summary dict: ``step``, ``checkpoint`` (path), final ``eval`` metrics
+    and the last training metrics.
+  """
+  validate_config(config)
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  is_chief = jax.process_index() == 0
+  mesh = shd.make_mesh(config.mesh)
+  shards = shd.num_batch_shards(mesh)
+  if config.batch_size % shards:
+    raise ValueError(f'batch_size {config.batch_size} is not divisible by the '
+                     f'{shards} batch shards of mesh {dict(mesh.shape)}')
+
+  source, corpus = train_source(config)
+  tokenizer = setup_tokenizer(config, workdir, corpus)
+  model_cfg = model_config_for(config, tokenizer)
+  model = ProLIP(model_cfg)
+  tx, schedule = make_optimizer(config.optim, config.total_steps)
+  dataset = pipeline.train_dataset(
+      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
+      global_batch_size=config.batch_size, seed=config.seed,
+      augment=augment_config(config.data),
+      process_index=jax.process_index(), process_count=jax.process_count())
+
+  # Parameters and optimizer state are created directly with their shardings.
+  def init_state(rng):
+    size = model_cfg.vision.image_size
+    params = model.init(
+        rng, jnp.zeros((1, size, size, 3), jnp.float32),
+        jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+  root_rng = jax.random.key(config.seed)
+  init_rng, step_rng = jax.random.split(root_rng)
+  abstract = jax.eval_shape(init_state, init_rng)
+  state_shardings = TrainState(shd.replicated(mesh),
+                               shd.param_shardings(mesh, abstract.params),
+                               shd.param_shardings(mesh, abstract.opt_state))
+  mngr = checkpoint.manager(workdir, config.keep_checkpoints,
+                            save_interval_steps=1)
+  start = mngr.latest_step()
+  if start is None:
+    state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)
+  else:
+    abs_params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract.params, state_shardings.params)
+    abs_opt = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract.opt_state, state_shardings.opt_state)
+    params, opt_state, _ = checkpoint.restore(mngr, start, abs_params,
+                                              abs_opt)
+    state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state)
+    logging.info('Resumed from step %d', start)
+  start = start or 0
+
+  train_step = jax.jit(
+      make_train_step(model, config, tx, schedule, mesh, tokenizer.mask_id),
+      in_shardings=(state_shardings, shd.batch_sharding(mesh),
+                    shd.replicated(mesh)),
+      out_shardings=(state_shardings, shd.replicated(mesh)),
+      donate_argnums=(0,))
+
+  writer = MetricWriter(workdir, is_chief)
+  meta = {'config': json.loads(config.to_json_best_effort()),
+          'model': model_cfg.to_dict()}
+  stopper = _StopFlag()
+  end = config.total_steps if max_steps is None else min(
+      config.total_steps, start + max_steps)
+  data_iter = pipeline.iterate_from(dataset, start, config.data.num_workers,
+                                    config.data.num_threads)
+
+  def save(step, force=False):
+    if step in mngr.all_steps():
+      return
+    checkpoint.save(mngr, step, state.params, state.opt_state,
+                    dict(meta, step=int(step)), force=force)
+
+  def run_eval(step):
+    results = evaluate.zero_shot_digits(model, state.params, tokenizer,
+                                        config)
+    writer.write(step, {f'eval/{k}': v for k, v in results.items()})
+    return results
+
+  if is_chief:
+    print(f'prolip_jax: {config.objective} on {config.data.name}, '
+          f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
+          f'batch {config.batch_size}, steps {start} -> {end} of '
+          f'{config.total_steps}, workdir {workdir}', flush=True)
+  step = start
+  last_metrics: dict[str, float] = {}
+  t_log, step_log = time.time(), step
+  t_start = time.time()
+  eval_results: dict[str, float] = {}
+  try:
+    while step < end and not stopper.stop:
+      batch = shd.host_to_global(mesh, next(data_iter))
+      state, metrics = train_step(state, batch, step_rng)
+      step += 1
+      if step % config.log_every_steps == 0 or step == end:
+        metrics = jax.device_get(metrics)
+        now = time.time()
+        rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
+        last_metrics = {k: float(np.asarray(v)) for k, v in metrics.items()}
+        last_metrics['samples_per_sec'] = rate
+        writer.write(step, last_metrics)
+        if is_chief:
+          eta = (end - step) * config.batch_size / max(rate, 1e-9)
+          extra = ''
+          if 'sigma2_img' in last_metrics:
+            extra = (f" s2_img {last_metrics['sigma2_img']:.2e} s2_txt "
+                     f"{last_metrics['sigma2_txt']:.2e}")
+          print(f'[{step}/{config.total_steps}] loss '
+                f"{last_metrics['loss']:.4f} a {last_metrics['scale']:.2f} "
+                f"b {last_metrics['bias']:.2f}{extra} lr "
+                f"{last_metrics['lr']:.2e} {rate:.0f} samples/s, ETA "
+                f'{_fmt_time(eta)} (elapsed {_fmt_time(now - t_start)})',
+                flush=True)
+        if not np.isfinite(last_metrics['loss']):
+          raise FloatingPointError(f'loss is {last_metrics["loss"]} at step '
+                                   f'{step}; last good checkpoint kept')
+        t_log, step_log = time.time(), step
+      if step % config.checkpoint_every_steps == 0:
+        save(step)
+      if config.eval.every_steps and step % config.eval.every_steps == 0 \
+          and step != end:
+        run_eval(step)
+  except KeyboardInterrupt:
+    logging.warning('Interrupted at step %d: saving a checkpoint', step)
+    save(step, force=True)
+    mngr.wait_until_finished()
+    raise
+  save(step, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  if not stopper.stop:
+    eval_results = run_eval(step)
+  writer.close()
+  ckpt_path = os.path.join(checkpoint.checkpoint_dir(workdir), str(step))
+  summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
+             'train': last_metrics}
+  if is_chief:
+    print(evaluate.format_summary(summary), flush=True)
+  if stopper.stop:
+    print(f'Stopped by SIGTERM at step {step}; resume with the same command.',
+          file=sys.stderr)
+  return summary

@@ -1,0 +1,119 @@
+"""Train-loop tests: exact resumption, optimizer settings, metrics files."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from prolip_jax import checkpoint
+from prolip_jax import presets
+from prolip_jax import train
+
+
+def micro_config(total_steps=6):
+  c = presets.base_config()
+  c.model = presets.model_preset('tiny')
+  c.model.vision.width = 32
+  c.model.vision.layers = 1
+  c.model.vision.heads = 2
+  c.model.text.width = 32
+  c.model.text.layers = 1
+  c.model.text.heads = 2
+  c.model.text.context_length = 16
+  c.model.embed_dim = 16
+  c.batch_size = 16
+  c.total_steps = total_steps
+  c.optim.warmup_steps = 2
+  c.log_every_steps = 1
+  c.checkpoint_every_steps = 3
+  c.eval.every_steps = 0
+  c.eval.batch_size = 500
+  c.data.num_threads = 1
+  c.mesh.num_devices = 1  # one device, whatever the host has
+  return c
+
+
+def _params(workdir):
+  params, meta = checkpoint.load_params(workdir)
+  return jax.tree.map(np.asarray, params), meta
+
+
+def test_resumed_run_matches_uninterrupted_run(tmp_path):
+  cfg = micro_config(total_steps=6)
+  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
+  part = train.train_and_evaluate(cfg, str(tmp_path / 'split'), max_steps=3)
+  assert part['step'] == 3
+  resumed = train.train_and_evaluate(cfg, str(tmp_path / 'split'))
+  assert full['step'] == resumed['step'] == 6
+  p_full, meta = _params(str(tmp_path / 'full'))
+  p_split, _ = _params(str(tmp_path / 'split'))
+  assert meta['step'] == 6
+  leaves_full = jax.tree.leaves(p_full)
+  leaves_split = jax.tree.leaves(p_split)
+  assert len(leaves_full) == len(leaves_split)
+  for a, b in zip(leaves_full, leaves_split):
+    np.testing.assert_array_equal(a, b)
+  # And training moved the parameters away from the step-3 checkpoint.
+  p3, _ = checkpoint.load_params(str(tmp_path / 'split'), step=3)
+  assert not np.allclose(np.asarray(p3['visual']['proj']['kernel']),
+                         p_full['visual']['proj']['kernel'])
+  # metrics.jsonl: one row per logged step with every loss term.
+  rows = [json.loads(l) for l in open(tmp_path / 'full' / 'metrics.jsonl')]
+  train_rows = [r for r in rows if 'loss' in r]
+  assert [r['step'] for r in train_rows] == list(range(1, 7))
+  for key in ('ppcl', 'inclusion_img_txt', 'inclusion_masked_img',
+              'inclusion_masked_txt', 'vib_img', 'vib_txt', 'scale', 'bias',
+              'sigma2_img', 'sigma2_txt', 'lr', 'samples_per_sec'):
+    assert key in train_rows[-1], key
+  assert any('eval/zeroshot_csd_top1' in r for r in rows)
+  assert os.path.exists(tmp_path / 'full' / 'tensorboard')
+
+
+def test_weight_decay_mask_exempts_vectors_and_scalars():
+  params = {'w': jnp.ones((3, 4)), 'b': jnp.ones(4), 'tok': jnp.ones(8),
+            'logit_scale': jnp.ones(()), 'conv': jnp.ones((2, 2, 3, 4))}
+  mask = train.weight_decay_mask(params)
+  assert mask == {'w': True, 'b': False, 'tok': False, 'logit_scale': False,
+                  'conv': True}
+  # AdamW with zero gradients: only the masked leaves shrink, by lr * wd.
+  cfg = presets.base_config().optim
+  cfg.warmup_steps = 0
+  tx, schedule = train.make_optimizer(cfg, total_steps=10)
+  state = tx.init(params)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, state, params)
+  lr = float(schedule(0))
+  for k, decayed in mask.items():
+    expected = -lr * cfg.weight_decay if decayed else 0.0
+    np.testing.assert_allclose(np.asarray(updates[k]), expected, rtol=1e-6)
+
+
+def test_schedule_is_linear_warmup_then_cosine():
+  cfg = presets.base_config().optim
+  cfg.lr, cfg.warmup_steps, cfg.end_lr_ratio = 1e-3, 10, 0.1
+  schedule = train.learning_rate_schedule(cfg, total_steps=110)
+  np.testing.assert_allclose(float(schedule(5)), 0.5e-3, rtol=1e-6)
+  for step in (10, 40, 110):
+    t = (step - 10) / 100
+    want = 1e-4 + (1e-3 - 1e-4) * 0.5 * (1 + math.cos(math.pi * t))
+    np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-5)
+
+
+def test_leading_rows_per_shard():
+  x = jnp.arange(12)
+  np.testing.assert_array_equal(train.leading_rows_per_shard(x, 3, 2),
+                                [0, 1, 4, 5, 8, 9])
+  np.testing.assert_array_equal(train.leading_rows_per_shard(x, 1, 2),
+                                [0, 1])
+
+
+def test_logit_scale_is_clamped_after_the_update(tmp_path):
+  cfg = micro_config(total_steps=2)
+  cfg.model.init_logit_scale = 200.0  # above the clamp of 100
+  train.train_and_evaluate(cfg, str(tmp_path))
+  params, _ = _params(str(tmp_path))
+  assert float(params['logit_scale']) <= math.log(100.0) + 1e-6
