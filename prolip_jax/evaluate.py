@@ -168,5 +168,5 @@ def format_summary(summary: dict[str, Any]) -> str:
            f"Checkpoint: {summary['checkpoint']}"]
   ev = summary.get('eval') or {}
   for k in sorted(ev):
-    lines.append(f'  {k:28s} {ev[k]:.4f}')
+    lines.append(f'  {k:28s} {ev[k]:.4g}')
   return '\n'.join(lines)

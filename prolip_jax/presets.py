@@ -45,6 +45,7 @@ def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
       'release_compat': False,
       'init_logit_scale': 10.0,
       'init_logit_bias': -10.0,
+      'init_unc_bias': -10.0,
       'compute_dtype': 'float32',
       'remat': False,
   })

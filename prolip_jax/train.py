@@ -30,8 +30,8 @@ from prolip_jax import checkpoint
 from prolip_jax import evaluate
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
-from prolip_jax.data import digits
 from prolip_jax.data import pipeline
+from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
@@ -87,16 +87,37 @@ def normalize_images(images: jax.Array, mean, std) -> jax.Array:
   return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
 
 
-def leading_rows_per_shard(x: jax.Array, shards: int, n: int) -> jax.Array:
-  """The first ``n`` rows of each of ``shards`` equal batch shards.
+def masking_stride(fraction: float) -> int:
+  """Every ``stride``-th sample gets a masked copy; 0 when masking is off.
 
-  The masked copies are taken per shard so that each device masks its own
-  first rows (on one device: the first n of the batch, as in the paper) and
-  the extra work is spread evenly.
+  Selecting by stride (rather than the first n samples of the batch) gives
+  the same global set of samples whatever the number of devices, and spreads
+  the extra work evenly over them.
   """
-  b = x.shape[0] // shards
-  return x.reshape(shards, b, *x.shape[1:])[:, :n].reshape(
-      shards * n, *x.shape[1:])
+  if fraction <= 0:
+    return 0
+  stride = int(round(1.0 / fraction))
+  if abs(1.0 / stride - fraction) > 1e-6:
+    raise ValueError(f'masking.fraction must be 1/k for an integer k (e.g. '
+                     f'0.125 = 1/8), got {fraction}')
+  return stride
+
+
+def strided_rows(x: jax.Array, stride: int) -> jax.Array:
+  """Rows 0, stride, 2*stride, ... of ``x``."""
+  return x.reshape(x.shape[0] // stride, stride, *x.shape[1:])[:, 0]
+
+
+def strided_rows_first(x: jax.Array, shards: int, stride: int) -> jax.Array:
+  """Permutes rows so each shard starts with its ``strided_rows``, in order.
+
+  A joint permutation of image and text rows leaves every loss term
+  unchanged; after it, row i of a shard's masked copies belongs to row i of
+  that shard, which is how ``prolip_regularizers`` pairs them.
+  """
+  b = x.shape[0]
+  y = x.reshape(shards, b // shards // stride, stride, *x.shape[1:])
+  return jnp.swapaxes(y, 1, 2).reshape(b, *x.shape[1:])
 
 
 def gaussian_stats(img: GaussianBatch, txt: GaussianBatch) -> dict[str, Any]:
@@ -113,9 +134,12 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   model_cfg: ModelConfig = model.config
   shards = shd.num_batch_shards(mesh)
   local_batch = config.batch_size // shards
-  n_masked = 0
+  stride = 0
   if config.objective in objectives.PROBABILISTIC:
-    n_masked = masking.num_masked(local_batch, config.masking.fraction)
+    stride = masking_stride(config.masking.fraction)
+    if stride and local_batch % stride:
+      raise ValueError(f'the per-device batch {local_batch} must be a multiple '
+                       f'of 1/masking.fraction = {stride}')
   objective = objectives.objective(config.objective, config.loss, mesh)
   max_log_scale = math.log(config.optim.max_logit_scale)
 
@@ -127,18 +151,22 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
     img = GaussianBatch(*apply(images, method='encode_image'))
     txt = GaussianBatch(*apply(tokens, method='encode_text'))
     img_masked = txt_masked = None
-    if n_masked:
+    if stride:
       rng_img, rng_txt = jax.random.split(rng)
+      masked_images = strided_rows(images, stride)
       keep = masking.random_keep_indices(
-          rng_img, shards * n_masked, model_cfg.num_patches,
+          rng_img, masked_images.shape[0], model_cfg.num_patches,
           config.masking.image_keep_ratio)
-      img_masked = GaussianBatch(*apply(
-          leading_rows_per_shard(images, shards, n_masked), keep,
-          method='encode_image'))
+      img_masked = GaussianBatch(*apply(masked_images, keep,
+                                        method='encode_image'))
       masked_tokens = masking.mask_text_tokens(
-          rng_txt, leading_rows_per_shard(tokens, shards, n_masked), mask_id,
+          rng_txt, strided_rows(tokens, stride), mask_id,
           model_cfg.text.pad_id, config.masking.text_mask_prob)
       txt_masked = GaussianBatch(*apply(masked_tokens, method='encode_text'))
+      reorder = functools.partial(strided_rows_first, shards=shards,
+                                  stride=stride)
+      img = jax.tree.map(reorder, img)
+      txt = jax.tree.map(reorder, txt)
     scale = jnp.exp(params['logit_scale'])
     bias = params['logit_bias']
     loss, metrics = objective(img, txt, scale, bias, img_masked, txt_masked)
@@ -202,13 +230,6 @@ def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
                      f'model.text.vocab_size is {cfg.text.vocab_size}')
   text = dict(cfg.text.__dict__, pad_id=tokenizer.pad_id)
   return ModelConfig.from_config(dict(cfg.to_dict(), text=text))
-
-
-def train_source(config):
-  """The training records and a caption corpus for the tokenizer."""
-  if config.data.name == 'digits':
-    return digits.records('train'), digits.tokenizer_corpus
-  raise ValueError(f'unknown data.name {config.data.name!r}; have: digits')
 
 
 def augment_config(data) -> transforms.AugmentConfig:
@@ -310,7 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     raise ValueError(f'batch_size {config.batch_size} is not divisible by the '
                      f'{shards} batch shards of mesh {dict(mesh.shape)}')
 
-  source, corpus = train_source(config)
+  source, corpus = sources.train_source(config)
   tokenizer = setup_tokenizer(config, workdir, corpus)
   model_cfg = model_config_for(config, tokenizer)
   model = ProLIP(model_cfg)

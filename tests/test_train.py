@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from prolip_jax import checkpoint
 from prolip_jax import presets
@@ -103,12 +104,20 @@ def test_schedule_is_linear_warmup_then_cosine():
     np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-5)
 
 
-def test_leading_rows_per_shard():
-  x = jnp.arange(12)
-  np.testing.assert_array_equal(train.leading_rows_per_shard(x, 3, 2),
-                                [0, 1, 4, 5, 8, 9])
-  np.testing.assert_array_equal(train.leading_rows_per_shard(x, 1, 2),
-                                [0, 1])
+def test_masked_rows_do_not_depend_on_the_number_of_shards():
+  x = jnp.arange(32)
+  np.testing.assert_array_equal(train.strided_rows(x, 8), [0, 8, 16, 24])
+  for shards in (1, 2, 4):
+    y = np.asarray(train.strided_rows_first(x, shards, 8))
+    assert sorted(y) == list(range(32))  # a permutation
+    per_shard = y.reshape(shards, -1)
+    n_local = 32 // shards // 8
+    # Each shard starts with its strided rows, in the global order.
+    np.testing.assert_array_equal(per_shard[:, :n_local].ravel(),
+                                  [0, 8, 16, 24])
+  assert train.masking_stride(0.125) == 8 and train.masking_stride(0) == 0
+  with pytest.raises(ValueError, match='1/k'):
+    train.masking_stride(0.3)
 
 
 def test_logit_scale_is_clamped_after_the_update(tmp_path):

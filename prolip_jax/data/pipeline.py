@@ -65,19 +65,24 @@ def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
                   ) -> grain.MapDataset:
   """Infinite dataset of local batches; element ``i`` is step ``i``'s batch.
 
-  Each process reads the disjoint slice ``source[process_index::
-  process_count]``, reshuffled every epoch with ``seed``; augmentation draws
-  from a per-element RNG derived from ``seed``, so any element can be
-  recomputed exactly.
+  The global batch of step i is elements ``[i*B, (i+1)*B)`` of one shuffled
+  stream (reshuffled every epoch with ``seed``), and process p reads its
+  contiguous ``B / process_count`` rows of it. So the global batch does not
+  depend on how many hosts read it, hosts never read the same record in an
+  epoch, and each host decodes only its own rows (Grain datasets are lazy).
+  Augmentation draws from a per-element RNG derived from ``seed``, so any
+  element can be recomputed exactly.
   """
   if len(source) < global_batch_size:
     raise ValueError(f'the dataset has {len(source)} records, fewer than one '
                      f'batch of {global_batch_size}')
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} outside [0, '
+                     f'{process_count})')
   local = local_batch_size(global_batch_size, process_count)
-  ds = grain.MapDataset.source(source)[process_index::process_count]
-  ds = ds.seed(seed).shuffle().repeat(None)
+  ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
   ds = ds.random_map(TrainTransform(tokenizer, image_size, augment))
-  return ds.batch(local, drop_remainder=True)
+  return ds.batch(local, drop_remainder=True)[process_index::process_count]
 
 
 def iterate_from(ds: grain.MapDataset, start_step: int, num_workers: int = 0,

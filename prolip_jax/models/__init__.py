@@ -1,7 +1,6 @@
 """Flax models: the ProLIP dual encoder and its towers."""
 
 from prolip_jax.models.masking import mask_text_tokens
-from prolip_jax.models.masking import num_masked
 from prolip_jax.models.masking import random_keep_indices
 from prolip_jax.models.prolip import count_params
 from prolip_jax.models.prolip import init_params

@@ -8,12 +8,6 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def num_masked(batch_size: int, fraction: float) -> int:
-  """How many leading samples of a batch get a masked copy (paper: 12.5%)."""
-  n = int(round(batch_size * fraction))
-  return max(0, min(batch_size, n))
-
-
 def random_keep_indices(rng: Array, batch_size: int, num_patches: int,
                         keep_ratio: float) -> Array:
   """Patch indices kept by token drop, ``(batch_size, n_keep)`` int32.

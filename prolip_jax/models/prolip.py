@@ -32,6 +32,7 @@ class ModelConfig:
   release_compat: bool = False
   init_logit_scale: float = 10.0  # a, stored as log a
   init_logit_bias: float = -10.0  # b
+  init_unc_bias: float = -10.0  # bias of the log sigma^2 heads (paper 4.1)
   compute_dtype: str = 'float32'
   remat: bool = False
 
@@ -92,9 +93,11 @@ class ProLIP(nn.Module):
     cfg = self.config
     dtype = _DTYPES[cfg.compute_dtype]
     self.visual = ImageTower(cfg.vision, cfg.embed_dim, cfg.use_unc,
-                             cfg.release_compat, dtype, cfg.remat)
+                             cfg.release_compat, dtype, cfg.remat,
+                             cfg.init_unc_bias)
     self.text = TextTower(cfg.text, cfg.embed_dim, cfg.use_unc,
-                          cfg.release_compat, dtype, cfg.remat)
+                          cfg.release_compat, dtype, cfg.remat,
+                          cfg.init_unc_bias)
     self.logit_scale = self.param(
         'logit_scale', nn.initializers.constant(math.log(cfg.init_logit_scale)),
         ())

@@ -62,10 +62,11 @@ class TextConfig:
   causal: bool = False
 
 
-def _unc_head(embed_dim: int, in_width: int, dtype, name: str) -> nn.Dense:
+def _unc_head(embed_dim: int, in_width: int, dtype, name: str,
+              bias_init: float) -> nn.Dense:
   return nn.Dense(embed_dim, dtype=dtype, name=name,
                   kernel_init=nn.initializers.normal(in_width**-0.5),
-                  bias_init=nn.initializers.constant(UNC_BIAS_INIT))
+                  bias_init=nn.initializers.constant(bias_init))
 
 
 class ImageTower(nn.Module):
@@ -83,6 +84,7 @@ class ImageTower(nn.Module):
   release_compat: bool = False
   dtype: Any = jnp.float32
   remat: bool = False
+  init_unc_bias: float = UNC_BIAS_INIT
 
   @nn.compact
   def __call__(self, images: Array, keep_indices: Optional[Array] = None):
@@ -122,8 +124,9 @@ class ImageTower(nn.Module):
                   kernel_init=init, name='proj')(cls_out)
     logvar = None
     if self.use_unc:
-      logvar = _unc_head(self.embed_dim, cfg.width, self.dtype,
-                         'uncertainty_proj')(x[:, 1]).astype(jnp.float32)
+      head = _unc_head(self.embed_dim, cfg.width, self.dtype,
+                       'uncertainty_proj', self.init_unc_bias)
+      logvar = head(x[:, 1]).astype(jnp.float32)
     return l2_normalize(mu), logvar
 
 
@@ -142,6 +145,7 @@ class TextTower(nn.Module):
   release_compat: bool = False
   dtype: Any = jnp.float32
   remat: bool = False
+  init_unc_bias: float = UNC_BIAS_INIT
 
   @nn.compact
   def __call__(self, tokens: Array):
@@ -195,6 +199,7 @@ class TextTower(nn.Module):
       else:
         head_in, in_width = take(n_real), cfg.width
       logvar = _unc_head(self.embed_dim, in_width, self.dtype,
-                         'text_uncertainty_projection')(head_in)
+                         'text_uncertainty_projection',
+                         self.init_unc_bias)(head_in)
       logvar = logvar.astype(jnp.float32)
     return l2_normalize(projected), logvar

@@ -1,0 +1,54 @@
+"""ProLIP ViT-B/16, the paper's recipe (ICLR 2025, sections 4.1 and B.1).
+
+python -m prolip_jax.main --config configs/prolip_b16.py --workdir DIR \
+    --config.data.path='/data/datacomp/*.array_record' \
+    --config.tokenizer.model_path=/data/siglip_32k.model
+
+Every value below is mapped to its paper section in the README.
+"""
+
+from prolip_jax import presets
+
+SEEN_SAMPLES = 1_280_000_000  # 1.28B seen pairs (4.1)
+BATCH_SIZE = 16_384  # 512 per GPU x 32 GPUs (B.1)
+
+
+def get_config():
+  c = presets.base_config()
+  c.objective = 'prolip'
+  c.model = presets.model_preset('B/16')  # ViT-B/16, 12x768 text, ctx 64 (4.1)
+  c.model.compute_dtype = 'bfloat16'  # bf16 compute, fp32 params (4.1)
+  c.model.remat = True
+  c.model.text.pad_id = 1  # SigLIP vocabulary: pad 1, [MASK] <extra_id_99>
+  c.tokenizer.pad_id = 1
+  c.tokenizer.mask_id = 32000
+  c.tokenizer.vocab_size = 32100
+  c.batch_size = BATCH_SIZE
+  c.total_steps = SEEN_SAMPLES // BATCH_SIZE  # 78,125 steps
+  c.optim.lr = 5e-4
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.95
+  c.optim.weight_decay = 0.2
+  c.optim.warmup_steps = 10_000
+  c.optim.end_lr_ratio = 0.0  # cosine to zero
+  c.loss.alpha1 = 1e-7  # L_inc(v ⊂ t)
+  c.loss.alpha2 = 1e-3  # L_inc(x ⊂ x_masked)
+  c.loss.beta = 1e-4  # VIB
+  c.loss.c = 1000.0
+  c.loss.eps = -20.0
+  c.masking.fraction = 0.125
+  c.masking.image_keep_ratio = 0.25  # 75% of patch tokens dropped
+  c.masking.text_mask_prob = 0.75
+  c.data.name = 'array_record'
+  c.data.path = ''  # a glob of array_record shards, set on the command line
+  c.data.crop_scale = (0.8, 1.0)
+  c.data.jitter = (0.32, 0.32, 0.32, 0.08)
+  c.data.jitter_prob = 0.8
+  c.data.grayscale_prob = 0.2
+  c.data.num_workers = 16
+  c.log_every_steps = 50
+  c.checkpoint_every_steps = 1000
+  c.eval.every_steps = 0
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  return c
