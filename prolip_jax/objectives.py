@@ -73,4 +73,4 @@ def objective(name: str, loss_cfg, mesh) -> Callable[..., tuple[jax.Array,
   # is split along its batch dimension; scale and bias are replicated.
   return jax.shard_map(fn, mesh=mesh,
                        in_specs=(batch, batch, P(), P(), batch, batch),
-                       out_specs=P(), check_vma=False)
+                       out_specs=P())

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from absl import logging
 import flax
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -207,14 +208,16 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]]
       shutil.copyfile(config.tokenizer.model_path, path)
     src = config.tokenizer.model_path
   else:
-    if not os.path.exists(path):
-      if corpus is None:
-        raise ValueError('tokenizer.model_path is empty and the dataset '
-                         f'{config.data.name!r} has no caption corpus to train '
-                         'one on')
+    if corpus is None and not os.path.exists(path):
+      raise ValueError('tokenizer.model_path is empty and the dataset '
+                       f'{config.data.name!r} has no caption corpus to train '
+                       'one on')
+    if jax.process_index() == 0 and not os.path.exists(path):
       logging.info('Training a sentencepiece tokenizer -> %s', path)
       train_tokenizer(corpus(), path, config.tokenizer.vocab_size)
     src = path
+  if jax.process_count() > 1:  # the other hosts wait for process 0's file
+    multihost_utils.sync_global_devices('prolip_jax tokenizer')
   pad = config.tokenizer.pad_id
   mask = config.tokenizer.mask_id
   return Tokenizer(src, config.model.text.context_length,
@@ -396,9 +399,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     checkpoint.save(mngr, step, state.params, state.opt_state,
                     dict(meta, step=int(step)), force=force)
 
+  gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
+
   def run_eval(step):
-    results = evaluate.zero_shot_digits(model, state.params, tokenizer,
-                                        config)
+    # Every host evaluates the same replicated parameters on the held-out set.
+    results = evaluate.zero_shot_digits(model, gather(state.params),
+                                        tokenizer, config)
     writer.write(step, {f'eval/{k}': v for k, v in results.items()})
     return results
 

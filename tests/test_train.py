@@ -1,5 +1,6 @@
 """Train-loop tests: exact resumption, optimizer settings, metrics files."""
 
+import importlib.util
 import json
 import math
 import os
@@ -15,25 +16,22 @@ from prolip_jax import presets
 from prolip_jax import train
 
 
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                          'configs')
+
+
+def load_config(name):
+  """``get_config()`` of ``configs/NAME.py``."""
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(CONFIG_DIR, name + '.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
 def micro_config(total_steps=6):
-  c = presets.base_config()
-  c.model = presets.model_preset('tiny')
-  c.model.vision.width = 32
-  c.model.vision.layers = 1
-  c.model.vision.heads = 2
-  c.model.text.width = 32
-  c.model.text.layers = 1
-  c.model.text.heads = 2
-  c.model.text.context_length = 16
-  c.model.embed_dim = 16
-  c.batch_size = 16
+  c = load_config('prolip_micro')
   c.total_steps = total_steps
-  c.optim.warmup_steps = 2
-  c.log_every_steps = 1
-  c.checkpoint_every_steps = 3
-  c.eval.every_steps = 0
-  c.eval.batch_size = 500
-  c.data.num_threads = 1
   c.mesh.num_devices = 1  # one device, whatever the host has
   return c
 
