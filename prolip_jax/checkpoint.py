@@ -46,17 +46,23 @@ def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
-            abstract_opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
+            abstract_opt_state: Any
+            ) -> tuple[Any, Optional[Any], dict[str, Any]]:
   """Restores params and optimizer state onto the shardings of the targets.
 
   ``abstract_*`` are pytrees of ``jax.ShapeDtypeStruct`` (with ``sharding``)
-  or arrays, e.g. from ``jax.eval_shape``.
+  or arrays, e.g. from ``jax.eval_shape``. Checkpoints written by
+  ``tools/import_pytorch.py`` have no optimizer state: then the second value
+  is None and the caller initialises a fresh one.
   """
-  out = mngr.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract_params),
-      opt_state=ocp.args.StandardRestore(abstract_opt_state),
-      meta=ocp.args.JsonRestore()))
-  return out['params'], out['opt_state'], out['meta']
+  meta = mngr.restore(step, args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))['meta']
+  items = {'params': ocp.args.StandardRestore(abstract_params)}
+  has_opt_state = meta.get('has_opt_state', True)
+  if has_opt_state:
+    items['opt_state'] = ocp.args.StandardRestore(abstract_opt_state)
+  out = mngr.restore(step, args=ocp.args.Composite(**items))
+  return out['params'], out['opt_state'] if has_opt_state else None, meta
 
 
 def latest_step(workdir: str) -> Optional[int]:

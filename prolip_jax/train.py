@@ -253,6 +253,29 @@ def validate_config(config):
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
 
 
+def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
+                            mesh) -> tuple[Callable, TrainState]:
+  """A jitted ``rng -> TrainState`` creating every array with its sharding.
+
+  Parameters and optimizer state follow the FSDP rule of ``sharding.py``; no
+  device ever holds an unsharded copy. Also returns the state's shardings.
+  """
+  model_cfg = model.config
+
+  def init_state(rng):
+    size = model_cfg.vision.image_size
+    params = model.init(
+        rng, jnp.zeros((1, size, size, 3), jnp.float32),
+        jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+  abstract = jax.eval_shape(init_state, jax.random.key(0))
+  shardings = TrainState(shd.replicated(mesh),
+                         shd.param_shardings(mesh, abstract.params),
+                         shd.param_shardings(mesh, abstract.opt_state))
+  return jax.jit(init_state, out_shardings=shardings), shardings
+
+
 class MetricWriter:
   """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars."""
 
@@ -345,34 +368,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       augment=augment_config(config.data),
       process_index=jax.process_index(), process_count=jax.process_count())
 
-  # Parameters and optimizer state are created directly with their shardings.
-  def init_state(rng):
-    size = model_cfg.vision.image_size
-    params = model.init(
-        rng, jnp.zeros((1, size, size, 3), jnp.float32),
-        jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-
   root_rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(root_rng)
-  abstract = jax.eval_shape(init_state, init_rng)
-  state_shardings = TrainState(shd.replicated(mesh),
-                               shd.param_shardings(mesh, abstract.params),
-                               shd.param_shardings(mesh, abstract.opt_state))
+  init_state, state_shardings = train_state_initializer(model, tx, mesh)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
   start = mngr.latest_step()
   if start is None:
-    state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)
+    state = init_state(init_rng)
   else:
-    abs_params = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract.params, state_shardings.params)
-    abs_opt = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract.opt_state, state_shardings.opt_state)
+    abstract = jax.eval_shape(init_state, init_rng)
+    abs_params, abs_opt = abstract.params, abstract.opt_state
     params, opt_state, _ = checkpoint.restore(mngr, start, abs_params,
                                               abs_opt)
+    if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
+      opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
+          params)
+      logging.warning('Checkpoint %d has no optimizer state (imported '
+                      'weights): starting AdamW afresh', start)
     state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state)
     logging.info('Resumed from step %d', start)
   start = start or 0

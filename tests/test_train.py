@@ -124,3 +124,41 @@ def test_logit_scale_is_clamped_after_the_update(tmp_path):
   train.train_and_evaluate(cfg, str(tmp_path))
   params, _ = _params(str(tmp_path))
   assert float(params['logit_scale']) <= math.log(100.0) + 1e-6
+
+
+def _tool(name):
+  path = os.path.join(os.path.dirname(CONFIG_DIR), 'tools', name + '.py')
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_export_import_and_finetune_round_trip(tmp_path):
+  """Train -> export (safetensors) -> load() the export -> import into a new
+  workdir -> fine-tune from it with a fresh optimizer."""
+  import prolip_jax  # pylint: disable=g-import-not-at-top
+  cfg = micro_config(total_steps=3)
+  src, out, dst = (str(tmp_path / n) for n in ('src', 'export', 'dst'))
+  train.train_and_evaluate(cfg, src)
+  _tool('export_pytorch').export(src, out)
+
+  captions = ['seven', 'a thick seven written on the left side']
+  from_workdir = prolip_jax.load(src).encode_text(captions)
+  from_export = prolip_jax.load(out).encode_text(captions)
+  for a, b in zip(from_workdir, from_export):
+    np.testing.assert_array_equal(a, b)
+
+  _tool('import_pytorch').import_weights(
+      os.path.join(out, 'model.safetensors'), cfg, dst,
+      tokenizer=os.path.join(out, 'tokenizer.model'))
+  imported, meta = checkpoint.load_params(dst, step=0)
+  assert meta['has_opt_state'] is False
+  trained, _ = _params(src)
+  for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(imported)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  summary = train.train_and_evaluate(micro_config(total_steps=2), dst)
+  assert summary['step'] == 2
+  tuned, _ = _params(dst)
+  assert not np.array_equal(tuned['visual']['proj']['kernel'],
+                            trained['visual']['proj']['kernel'])

@@ -1,0 +1,105 @@
+"""Exports a training checkpoint in the ProLIP release / open_clip format.
+
+python tools/export_pytorch.py --workdir DIR [--step N] --out OUT [--hub_compatible]
+
+Writes ``OUT/model.safetensors`` (fp32 state dict, see
+``prolip_jax/convert.py`` for the keys), ``OUT/config.json`` (the release's
+schema plus a ``prolip_jax`` key with the exact model config, tokenizer file,
+normalisation constants and step) and copies ``WORKDIR/tokenizer.model`` when
+present. ``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
+``prolip_jax.load(OUT)`` in JAX.
+
+``--hub_compatible`` leaves the ``prolip_jax`` key out of config.json, which
+the release's ``ProLIPHF.from_pretrained`` needs (it passes every top-level
+key to its constructor); the release code computes the ``release_compat``
+forward pass, so this is meant for models trained with
+``model.release_compat=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from prolip_jax import checkpoint
+from prolip_jax import convert
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+WEIGHTS_FILE = 'model.safetensors'
+CONFIG_FILE = 'config.json'
+
+
+def export(workdir: str, out: str, step: Optional[int] = None,
+           hub_compatible: bool = False) -> dict[str, Any]:
+  """Writes the export of ``workdir``'s checkpoint ``step`` (default latest)
+  to ``out``; returns the config.json dict."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
+
+  params, meta = checkpoint.load_params(workdir, step)
+  model_cfg = ModelConfig.from_config(meta['model'])
+  state_dict = convert.params_to_state_dict(params, model_cfg)
+  run_cfg = meta.get('config') or {}
+  extra: dict[str, Any] = {'step': meta.get('step')}
+  data = run_cfg.get('data') or {}
+  for k in ('mean', 'std'):
+    if k in data:
+      extra[k] = list(data[k])
+  mask_id = (run_cfg.get('tokenizer') or {}).get('mask_id', -1)
+  if mask_id is not None and mask_id >= 0:
+    extra['mask_id'] = mask_id
+  tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  if os.path.exists(tokenizer):
+    extra['tokenizer_file'] = checkpoint.TOKENIZER_FILE
+  cfg_json = convert.config_json(model_cfg, extra)
+  if hub_compatible:
+    if not model_cfg.release_compat:
+      print('warning: the model uses the paper forward pass '
+            '(release_compat=False); the release code will compute the '
+            'release forward pass with these weights', file=sys.stderr)
+    cfg_json = convert.hub_config(cfg_json)
+
+  os.makedirs(out, exist_ok=True)
+  save_file(state_dict, os.path.join(out, WEIGHTS_FILE),
+            metadata={'format': 'pt'})
+  with open(os.path.join(out, CONFIG_FILE), 'w') as f:
+    json.dump(cfg_json, f, indent=2)
+  if os.path.exists(tokenizer):
+    shutil.copyfile(tokenizer, os.path.join(out, checkpoint.TOKENIZER_FILE))
+  return cfg_json
+
+
+def main(argv):
+  """Command line entry; flags are defined in ``_define_flags``."""
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.ERROR)
+  f = flags.FLAGS
+  export(f.workdir, f.out, f.step, f.hub_compatible)
+  print(f'exported {f.workdir} to {f.out}: '
+        f'{", ".join(sorted(os.listdir(f.out)))}')
+
+
+def _define_flags():
+  # Defined only when run as a script (no clashes when tests import this).
+  flags.DEFINE_string('workdir', None, 'Training workdir.')
+  flags.DEFINE_integer('step', None, 'Checkpoint step (default latest).')
+  flags.DEFINE_string('out', None, 'Output directory.')
+  flags.DEFINE_bool('hub_compatible', False,
+                    'Leave the prolip_jax key out of config.json.')
+  flags.mark_flags_as_required(['workdir', 'out'])
+
+
+if __name__ == '__main__':
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,165 @@
+"""Imports PyTorch weights (ProLIP release, open_clip) as a step-0 checkpoint.
+
+python tools/import_pytorch.py --src model.safetensors|.bin|.pt \
+    --config configs/X.py --workdir DIR [--tokenizer spm.model] \
+    [--config.model.key=value ...]
+
+Reads the state dict (safetensors; ``.bin``/``.pt``/``.pth`` through
+``torch.load(weights_only=True)``, also open_clip training checkpoints with a
+``state_dict`` entry and DDP's ``module.`` prefix), converts it to the
+parameters of the config's model (``ModelConfig.from_config(config.model)``)
+with ``prolip_jax.convert.state_dict_to_params``, prints the report (tensors
+created from init, dropped, reshaped, cast) and writes an Orbax checkpoint at
+step 0 in ``DIR/checkpoints`` with the items ``params`` and ``meta`` =
+``{'step': 0, 'config': ..., 'model': ..., 'has_opt_state': False,
+'imported_from': ...}`` and NO ``opt_state`` item (Orbax cannot save an
+empty one): training from this workdir must initialise a fresh optimizer when
+the checkpoint has no ``opt_state`` (``'opt_state' not in
+mngr.item_metadata(step)``, or ``meta['has_opt_state'] is False``).
+``--tokenizer`` copies a sentencepiece model to ``DIR/tokenizer.model``.
+
+Nothing is written when reading or converting fails (missing, unexpected or
+mis-shaped tensors are all listed in one error) or when ``DIR`` already has
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+import orbax.checkpoint as ocp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from prolip_jax import checkpoint
+from prolip_jax import convert
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+TORCH_SUFFIXES = ('.bin', '.pt', '.pth')
+
+
+class ImportFailed(ValueError):
+  """A user-facing import failure (bad file, wrong architecture, ...)."""
+
+
+def read_state_dict(path: str) -> dict[str, Any]:
+  """numpy state dict of a safetensors or torch file."""
+  if not os.path.isfile(path):
+    raise ImportFailed(f'no such file: {path}')
+  if path.endswith('.safetensors'):
+    try:
+      try:
+        import torch  # pylint: disable=g-import-not-at-top,unused-import
+        from safetensors.torch import load_file  # pylint: disable=g-import-not-at-top
+      except ImportError:  # numpy only (no bfloat16 files)
+        from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+      sd = load_file(path)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ImportFailed(f'cannot read safetensors file {path}: '
+                         f'{type(e).__name__}: {e}') from e
+  elif path.endswith(TORCH_SUFFIXES):
+    import torch  # pylint: disable=g-import-not-at-top
+    try:
+      sd = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ImportFailed(f'cannot read torch file {path}: '
+                         f'{type(e).__name__}: {e}') from e
+    if isinstance(sd, dict) and isinstance(sd.get('state_dict'), dict):
+      sd = sd['state_dict']  # open_clip training checkpoint
+    if not isinstance(sd, dict) or not all(
+        isinstance(v, torch.Tensor) for v in sd.values()):
+      raise ImportFailed(f'{path} does not hold a state dict of tensors')
+  else:
+    raise ImportFailed(f'unsupported file type {path!r}: use .safetensors, '
+                       f'{", ".join(TORCH_SUFFIXES)}')
+  return {k: convert._to_numpy(v) for k, v in sd.items()}  # pylint: disable=protected-access
+
+
+def import_weights(src: str, config, workdir: str,
+                   tokenizer: Optional[str] = None, rng_seed: int = 0
+                   ) -> convert.ConversionReport:
+  """Converts ``src`` for ``config.model`` and writes ``workdir``'s step 0.
+
+  Raises ImportFailed (a ValueError) before writing anything when the file
+  cannot be read or converted, or ``workdir`` already holds checkpoints.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
+
+  try:
+    model_cfg = ModelConfig.from_config(config.model)
+  except (ValueError, TypeError) as e:
+    raise ImportFailed(f'invalid config.model: {e}') from e
+  if checkpoint.latest_step(workdir) is not None:
+    raise ImportFailed(f'{checkpoint.checkpoint_dir(workdir)} already has '
+                       'checkpoints; import into an empty workdir')
+  if tokenizer and not os.path.isfile(tokenizer):
+    raise ImportFailed(f'no such tokenizer file: {tokenizer}')
+  state_dict = read_state_dict(src)
+  try:
+    params, report = convert.state_dict_to_params(
+        state_dict, model_cfg, jax.random.PRNGKey(rng_seed))
+  except ValueError as e:
+    raise ImportFailed(f'{src}: {e}') from e
+
+  meta = {'step': 0,
+          'config': json.loads(config.to_json_best_effort()),
+          'model': model_cfg.to_dict(),
+          'has_opt_state': False,
+          'imported_from': os.path.abspath(src)}
+  os.makedirs(workdir, exist_ok=True)
+  # No optimizer state: Orbax refuses to save an empty item, so the
+  # checkpoint has only the params and meta items (``checkpoint.load_params``
+  # reads it; training must init the optimizer when 'opt_state' is absent).
+  with checkpoint.manager(workdir) as mngr:
+    mngr.save(0, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        meta=ocp.args.JsonSave(meta)), force=True)
+    mngr.wait_until_finished()
+  if tokenizer:
+    shutil.copyfile(tokenizer, os.path.join(workdir, checkpoint.TOKENIZER_FILE))
+  return report
+
+
+def main(argv):
+  """Command line entry; flags are defined in ``_define_flags``."""
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments {argv[1:]}')
+  logging.set_verbosity(logging.ERROR)
+  f = flags.FLAGS
+  config = f.config
+  try:
+    report = import_weights(f.src, config, f.workdir, f.tokenizer,
+                            config.get('seed', 0))
+  except ImportFailed as e:
+    print(f'error: {e}\nnothing was written.', file=sys.stderr)
+    sys.exit(1)
+  print(report.format())
+  print(f'wrote step 0 to {checkpoint.checkpoint_dir(f.workdir)} '
+        '(params and meta; no optimizer state)')
+
+
+def _define_flags():
+  # Defined only when run as a script, so importing this module (tests)
+  # does not clash with other modules' absl flags.
+  config_flags.DEFINE_config_file(
+      'config', None, 'Config file whose `model` the weights are converted to.')
+  flags.DEFINE_string('src', None, 'model.safetensors, .bin or .pt file.')
+  flags.DEFINE_string('workdir', None, 'Workdir to create.')
+  flags.DEFINE_string('tokenizer', None, 'Optional sentencepiece model to '
+                      'copy to WORKDIR/tokenizer.model.')
+  flags.mark_flags_as_required(['config', 'src', 'workdir'])
+
+
+if __name__ == '__main__':
+  _define_flags()
+  app.run(main)
