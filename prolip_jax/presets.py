@@ -91,3 +91,30 @@ def base_config() -> ml_collections.ConfigDict:
   # num_devices 0: every device of every host.
   c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'num_devices': 0})
   return c
+
+
+def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
+  """The CPU demo on the bundled MNIST digits, for any objective.
+
+  Deterministic objectives ('siglip', 'clip') get towers without [UNC].
+  """
+  c = base_config()
+  c.objective = objective
+  c.model = model_preset('tiny', use_unc=objective == 'prolip')
+  if objective == 'clip':
+    c.model.init_logit_scale = 1 / 0.07  # CLIP's temperature init
+  c.batch_size = 128
+  c.total_steps = 600
+  c.optim.lr = 1e-3
+  c.optim.warmup_steps = 60
+  c.optim.weight_decay = 0.05
+  c.data.name = 'digits'
+  c.data.mean = (0.5, 0.5, 0.5)
+  c.data.std = (0.5, 0.5, 0.5)
+  # Grayscale digits: colour jitter and grayscale do nothing useful.
+  c.data.jitter_prob = 0.0
+  c.data.grayscale_prob = 0.0
+  c.log_every_steps = 25
+  c.checkpoint_every_steps = 200
+  c.eval.every_steps = 300
+  return c

@@ -1,0 +1,150 @@
+"""Training throughput and MFU of the real train step on synthetic batches.
+
+  python benchmarks/train_step.py --config configs/prolip_b16.py \
+      --config.batch_size=256 --steps 20
+
+Builds the same jitted, sharded ``train_step`` as ``prolip_jax.main`` (all
+devices, the config's mesh), feeds it device-resident random batches (so the
+input pipeline is not measured: see ``benchmarks/input_pipeline.py``), and
+prints samples/s, the model FLOPs per step (XLA's cost analysis of the
+compiled step, and the analytic count of ``shared/perf-notes.md``) and the
+MFU against the device's dense bf16 peak (``--peak_tflops`` overrides).
+"""
+
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+
+from prolip_jax import sharding as shd
+from prolip_jax import train
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+config_flags.DEFINE_config_file(
+    'config', os.path.join(_REPO, 'configs', 'prolip_b16.py'), 'Run config.')
+flags.DEFINE_integer('steps', 10, 'Timed steps.')
+flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+flags.DEFINE_float('peak_tflops', 0.0, 'Per-device dense peak; 0: by kind.')
+
+# Dense bf16 peak TFLOP/s per device (vendor figures).
+_PEAKS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'TPU v4': 275.0,
+          'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
+          'TPU v6': 918.0}
+
+
+def device_peak_tflops(device) -> float:
+  kind = getattr(device, 'device_kind', '')
+  for name, peak in _PEAKS.items():
+    if name.lower() in kind.lower():
+      return peak
+  return 0.0
+
+
+def analytic_flops_per_pair(cfg: ModelConfig, masked_fraction: float,
+                            keep_ratio: float) -> float:
+  """Forward+backward FLOPs of one pair (3x forward), as in perf-notes.md.
+
+  Matmul FLOPs 2 * (block params) * tokens plus attention scores and values
+  4 * layers * tokens^2 * width per tower; masked copies add their share.
+  """
+  def tower(width, layers, tokens):
+    block = 12 * width * width  # qkv + out (4 w^2) + MLP (8 w^2)
+    return layers * (2 * block * tokens + 4 * tokens * tokens * width)
+
+  v, t = cfg.vision, cfg.text
+  n_special = 2 if cfg.use_unc else 1
+  img_tokens = cfg.num_patches + n_special
+  txt_tokens = t.context_length + n_special
+  fwd = tower(v.width, v.layers, img_tokens) + tower(t.width, t.layers,
+                                                     txt_tokens)
+  masked_tokens = int(round(cfg.num_patches * keep_ratio)) + n_special
+  fwd += masked_fraction * (tower(v.width, v.layers, masked_tokens)
+                            + tower(t.width, t.layers, txt_tokens))
+  return 3.0 * fwd
+
+
+def main(argv):
+  del argv
+  config = flags.FLAGS.config
+  mesh = shd.make_mesh(config.mesh)
+  model_cfg = ModelConfig.from_config(config.model)
+  model = ProLIP(model_cfg)
+  tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+  init_state, state_shardings = train.train_state_initializer(model, tx, mesh)
+  state = init_state(jax.random.key(0))
+  mask_id = 3 if config.tokenizer.mask_id < 0 else config.tokenizer.mask_id
+  step_fn = jax.jit(
+      train.make_train_step(model, config, tx, schedule, mesh, mask_id),
+      in_shardings=(state_shardings, shd.batch_sharding(mesh),
+                    shd.replicated(mesh)),
+      out_shardings=(state_shardings, shd.replicated(mesh)),
+      donate_argnums=(0,))
+
+  b, size, ctx = config.batch_size, model_cfg.vision.image_size, \
+      model_cfg.text.context_length
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(ctx // 4, ctx, b)
+  tokens = rng.integers(4, model_cfg.text.vocab_size, (b, ctx))
+  tokens[np.arange(ctx)[None] >= lengths[:, None]] = model_cfg.text.pad_id
+  batch = shd.host_to_global(mesh, {
+      'image': rng.integers(0, 256, (b, size, size, 3), dtype=np.uint8),
+      'tokens': tokens.astype(np.int32),
+      'aug': np.zeros((b, 11), np.float32)})
+  step_rng = jax.random.key(1)
+
+  t0 = time.time()
+  compiled = step_fn.lower(state, batch, step_rng).compile()
+  compile_s = time.time() - t0
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  xla_flops = float(cost.get('flops', 0.0)) if cost else 0.0
+  # cost_analysis is per device program; the step is SPMD over all devices.
+  xla_flops_step = xla_flops * jax.device_count()
+  stride = train.masking_stride(config.masking.fraction)
+  analytic_step = b * analytic_flops_per_pair(
+      model_cfg, 1.0 / stride if stride else 0.0,
+      config.masking.image_keep_ratio)
+
+  for _ in range(flags.FLAGS.warmup):
+    state, metrics = compiled(state, batch, step_rng)
+  jax.block_until_ready(metrics)
+  t0 = time.time()
+  for _ in range(flags.FLAGS.steps):
+    state, metrics = compiled(state, batch, step_rng)
+  jax.block_until_ready(metrics)
+  step_s = (time.time() - t0) / flags.FLAGS.steps
+
+  dev = jax.devices()[0]
+  peak = flags.FLAGS.peak_tflops or device_peak_tflops(dev)
+  n = jax.device_count()
+  print(f'jax {jax.__version__}, {n} x {dev.device_kind} ({dev.platform}); '
+        f'objective {config.objective}, compute {model_cfg.compute_dtype}, '
+        f'remat {model_cfg.remat}, mesh {dict(mesh.shape)}')
+  print(f'model: vision {model_cfg.vision.width}x{model_cfg.vision.layers} '
+        f'patch {model_cfg.vision.patch_size} @ {size}px, text '
+        f'{model_cfg.text.width}x{model_cfg.text.layers} ctx {ctx}; global '
+        f'batch {b}')
+  print(f'compile {compile_s:.1f} s; step {step_s * 1e3:.1f} ms; '
+        f'{b / step_s:.1f} samples/s ({b / step_s / n:.1f} per device)')
+  print(f'FLOPs/step: XLA {xla_flops_step / 1e12:.3f} T, analytic '
+        f'{analytic_step / 1e12:.3f} T ({analytic_step / b / 1e9:.1f} G/pair)')
+  achieved = analytic_step / step_s / n / 1e12
+  if peak:
+    print(f'model TFLOP/s per device {achieved:.1f} of peak {peak:.0f}: '
+          f'MFU {100 * achieved / peak:.1f}% (analytic FLOPs)')
+  else:
+    print(f'model TFLOP/s per device {achieved:.3f}; no peak known for '
+          f'{dev.device_kind!r} (pass --peak_tflops for MFU)')
+  print(f"final loss {float(metrics['loss']):.4f}")
+
+
+if __name__ == '__main__':
+  sys.exit(app.run(main))
