@@ -80,6 +80,15 @@ def base_config() -> ml_collections.ConfigDict:
       'grayscale_prob': 0.2,
       'num_workers': 0,
       'num_threads': 2,
+      # data.name == 'array_record': a glob (or brace pattern) of shards.
+      'path': '',
+      # data.name == 'tfds': a prepared TFDS dataset read by random access.
+      'tfds_name': '', 'tfds_split': 'train', 'tfds_data_dir': '',
+      'tfds_image_key': 'image', 'tfds_caption_key': 'caption',
+      # Bad records (undecodable image, empty caption) are replaced by the
+      # next good one and counted; above this fraction the run stops.
+      'max_bad_fraction': 0.01, 'bad_record_warmup': 1000,
+      'tokenizer_max_sentences': 1_000_000,
   })
   c.tokenizer = ml_collections.ConfigDict({
       'model_path': '',  # empty: train one on the dataset's captions

@@ -32,6 +32,7 @@ from prolip_jax import evaluate
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
+from prolip_jax.data import records
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
@@ -433,7 +434,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   eval_results: dict[str, float] = {}
   try:
     while step < end and not stopper.stop:
-      batch = shd.host_to_global(mesh, next(data_iter))
+      try:
+        local_batch = next(data_iter)
+      except records.BadRecordError:
+        save(step, force=True)  # keep the progress; the data needs fixing
+        mngr.wait_until_finished()
+        raise
+      batch = shd.host_to_global(mesh, local_batch)
       state, metrics = train_step(state, batch, step_rng)
       step += 1
       if step % config.log_every_steps == 0 or step == end:
@@ -442,6 +449,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
         last_metrics = {k: float(np.asarray(v)) for k, v in metrics.items()}
         last_metrics['samples_per_sec'] = rate
+        bad = sources.bad_record_stats(source)
+        if bad is not None:
+          last_metrics['data/bad_records'] = bad['bad']
+          last_metrics['data/records_seen'] = bad['seen']
+          last_metrics['data/bad_fraction'] = bad['bad_fraction']
         writer.write(step, last_metrics)
         if is_chief:
           eta = (end - step) * config.batch_size / max(rate, 1e-9)

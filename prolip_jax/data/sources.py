@@ -2,19 +2,85 @@
 
 A source is a random-access sequence of records (see ``pipeline``) plus an
 optional caption corpus for training a tokenizer when none is configured.
+
+* ``'digits'``: the bundled MNIST demo (``digits``).
+* ``'array_record'``: shards written by ``tools/convert_webdataset.py`` or
+  ``tools/convert_folder.py``; ``data.path`` is a glob / brace pattern /
+  comma-separated list / directory of ``.array_record`` files.
+* ``'tfds'``: ``tfds.data_source(data.tfds_name, split=data.tfds_split,
+  data_dir=data.tfds_data_dir)`` with the features ``data.tfds_image_key``
+  and ``data.tfds_caption_key`` (needs ``pip install tensorflow-datasets``
+  and the dataset prepared in array_record format).
+
+The real-data sources come wrapped in ``records.CheckedSource``: bad records
+are replaced deterministically and counted (``bad_record_stats``), and more
+than ``data.max_bad_fraction`` of them (after ``data.bad_record_warmup``
+reads) stops training with an error naming the shard.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from prolip_jax.data import digits
+from prolip_jax.data import records
 
-SOURCES = ('digits',)
+SOURCES = ('digits', 'array_record', 'tfds')
+
+# Fields read with ``config.data.get(name, default)``.
+DEFAULTS = {
+    'path': '',
+    'tfds_name': '',
+    'tfds_split': 'train',
+    'tfds_data_dir': '',
+    'tfds_image_key': 'image',
+    'tfds_caption_key': 'caption',
+    'max_bad_fraction': 0.01,
+    'bad_record_warmup': 1000,
+    'tokenizer_max_sentences': 1_000_000,
+}
+
+
+def _get(data, name: str):
+  return data.get(name, DEFAULTS[name])
+
+
+def _checked(source, data) -> records.CheckedSource:
+  return records.CheckedSource(
+      source, max_bad_fraction=float(_get(data, 'max_bad_fraction')),
+      warmup=int(_get(data, 'bad_record_warmup')))
 
 
 def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
   """The training records and a caption corpus for the tokenizer (or None)."""
-  if config.data.name == 'digits':
+  data = config.data
+  if data.name == 'digits':
     return digits.records('train'), digits.tokenizer_corpus
-  raise ValueError(f'unknown data.name {config.data.name!r}; have {SOURCES}')
+  max_sentences = int(_get(data, 'tokenizer_max_sentences'))
+  if data.name == 'array_record':
+    path = _get(data, 'path')
+    if not path:
+      raise ValueError("data.name='array_record' needs data.path (a glob of "
+                       '.array_record shards)')
+    raw = records.ArrayRecordSource(path)
+  elif data.name == 'tfds':
+    name = _get(data, 'tfds_name')
+    if not name:
+      raise ValueError("data.name='tfds' needs data.tfds_name")
+    raw = records.tfds_source(
+        name, split=_get(data, 'tfds_split'),
+        data_dir=_get(data, 'tfds_data_dir') or None,
+        image_key=_get(data, 'tfds_image_key'),
+        caption_key=_get(data, 'tfds_caption_key'))
+  else:
+    raise ValueError(f'unknown data.name {data.name!r}; have {SOURCES}')
+  return _checked(raw, data), lambda: records.caption_corpus(raw,
+                                                             max_sentences)
+
+
+def bad_record_stats(source: Any) -> Optional[dict]:
+  """``{'seen', 'bad', 'bad_fraction', 'by_reason', 'by_shard'}`` of a
+  source from ``train_source`` (None for sources without checking, e.g.
+  digits). Cheap enough to call at every log step."""
+  stats = getattr(source, 'stats', None)
+  return stats() if callable(stats) else None

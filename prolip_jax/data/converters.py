@@ -1,0 +1,421 @@
+"""Converters to array_record shards (format in ``records``).
+
+* ``convert_webdataset``: webdataset / img2dataset tar shards, one output
+  shard per input shard, streamed, parallel over shards, resumable.
+* ``convert_folder``: an image folder plus a CSV / JSONL captions file.
+
+Bad inputs never stop a conversion: an undecodable image, a missing or blank
+caption, a caption that is not UTF-8 text, or a record above
+``max_record_bytes`` is skipped and counted by reason (``records.REASONS``).
+Both return (and write to ``OUT_DIR/summary.json``) a summary::
+
+  {"records_written": int, "examples_seen": int, "skipped_total": int,
+   "skipped": {reason: count}, "skipped_examples": {reason: [first keys]},
+   "shards": {output shard: its own summary}, "errors": [str], ...}
+
+This module imports neither JAX nor Grain, so worker processes start fast.
+The command lines are ``tools/convert_webdataset.py`` and
+``tools/convert_folder.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import multiprocessing
+import os
+import tarfile
+from typing import Iterator, Optional, Sequence
+
+from prolip_jax.data import records
+
+DEFAULT_MAX_RECORD_BYTES = 8 << 20
+IMAGE_EXTS = ('jpg', 'jpeg', 'png', 'webp')
+SUMMARY_FILE = 'summary.json'
+_EXAMPLES_PER_REASON = 5
+
+
+class _Counts:
+  """Per-shard tallies, JSON-able via ``as_dict``."""
+
+  def __init__(self):
+    self.written = 0
+    self.seen = 0
+    self.skipped = collections.Counter()
+    self.examples = collections.defaultdict(list)
+    self.errors: list[str] = []
+
+  def skip(self, reason: str, key: str):
+    self.skipped[reason] += 1
+    if len(self.examples[reason]) < _EXAMPLES_PER_REASON:
+      self.examples[reason].append(key)
+
+  def as_dict(self, **extra) -> dict:
+    return dict(extra, records_written=self.written, examples_seen=self.seen,
+                skipped={r: self.skipped.get(r, 0) for r in records.REASONS
+                         if r != records.UNREADABLE},
+                skipped_total=sum(self.skipped.values()),
+                skipped_examples=dict(self.examples), errors=self.errors)
+
+
+def make_record(key: str, image: Optional[bytes], caption: Optional[str],
+                max_record_bytes: int,
+                image_reason: Optional[str] = None) -> tuple[Optional[bytes],
+                                                             Optional[str]]:
+  """(serialized record, None) or (None, skip reason). ``caption`` None means
+  missing. ``image_reason`` is a verdict already reached on the image (None:
+  not checked yet, '' : decodes fine), so an image with several captions is
+  decoded once. Checks run cheapest first; the first failing one is the
+  reason."""
+  if image is None:
+    return None, records.MISSING_IMAGE
+  if caption is None:
+    return None, records.MISSING_CAPTION
+  caption = caption.strip()
+  if not caption:
+    return None, records.EMPTY_CAPTION
+  data = records.serialize_example(image, caption, key)
+  if len(data) > max_record_bytes:
+    return None, records.TOO_LONG
+  reason = image_reason if image_reason is not None else (
+      records.check_image_bytes(image))
+  if reason:
+    return None, reason
+  return data, None
+
+
+def write_summary(output_dir: str, summary: dict) -> str:
+  path = os.path.join(output_dir, SUMMARY_FILE)
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(summary, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+  return path
+
+
+def merge_summaries(shards: dict[str, dict], **extra) -> dict:
+  skipped = collections.Counter()
+  examples: dict[str, list] = {}
+  errors = []
+  for s in shards.values():
+    skipped.update(s['skipped'])
+    for r, keys in s.get('skipped_examples', {}).items():
+      examples.setdefault(r, []).extend(
+          keys[:_EXAMPLES_PER_REASON - len(examples.get(r, []))])
+    errors.extend(s.get('errors', []))
+  return dict(
+      extra,
+      records_written=sum(s['records_written'] for s in shards.values()),
+      examples_seen=sum(s['examples_seen'] for s in shards.values()),
+      skipped={r: skipped.get(r, 0) for r in records.REASONS
+               if r != records.UNREADABLE},
+      skipped_total=sum(skipped.values()), skipped_examples=examples,
+      errors=errors, shards=shards)
+
+
+# ----------------------------------------------------------------------------
+# webdataset tars.
+
+
+def _split_name(name: str) -> tuple[str, str]:
+  """webdataset convention: key = path up to the basename's first dot."""
+  d, base = os.path.split(name)
+  stem, dot, ext = base.partition('.')
+  return (os.path.join(d, stem) if d else stem), ext.lower() if dot else ''
+
+
+def iter_tar_groups(path: str, errors: list[str]
+                    ) -> Iterator[tuple[str, dict[str, bytes]]]:
+  """(key, {extension: bytes}) per example of a tar, streamed (``r|*``).
+
+  Files of one example are consecutive, as webdataset writes them. A
+  truncated or corrupt tar ends the stream; the error goes to ``errors``.
+  """
+  key, files = None, {}
+  try:
+    with tarfile.open(path, mode='r|*') as tar:
+      for member in tar:
+        if not member.isfile():
+          continue
+        k, ext = _split_name(member.name)
+        if k.startswith('__') or os.path.basename(k).startswith('.'):
+          continue  # tar metadata such as __index__ / ._mac files
+        if k != key:
+          if key is not None:
+            yield key, files
+          key, files = k, {}
+        f = tar.extractfile(member)
+        files[ext] = f.read() if f is not None else b''
+  except (tarfile.TarError, OSError, EOFError) as e:
+    # The example being read when the stream broke may be torn: drop it.
+    errors.append(f'{path}: {type(e).__name__}: {e}; examples before '
+                  f'{key!r} kept, the rest of the shard lost')
+    return
+  if key is not None:
+    yield key, files
+
+
+def _caption_from(files: dict[str, bytes]) -> tuple[Optional[str],
+                                                     Optional[str]]:
+  """(caption or None, error reason or None) from ``.txt`` else ``.json``."""
+  if 'txt' in files:
+    try:
+      return files['txt'].decode('utf-8'), None
+    except UnicodeDecodeError:
+      return None, records.BAD_CAPTION
+  if 'json' in files:
+    try:
+      meta = json.loads(files['json'])
+    except ValueError:
+      return None, records.BAD_CAPTION
+    if not isinstance(meta, dict) or meta.get('caption') is None:
+      return None, None
+    if not isinstance(meta['caption'], str):
+      return None, records.BAD_CAPTION
+    return meta['caption'], None
+  return None, None
+
+
+def convert_tar(tar_path: str, out_path: str,
+                max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
+  """One webdataset tar -> one array_record shard plus its ``.done``."""
+  counts = _Counts()
+  writer = records.ShardWriter(out_path)
+  try:
+    for key, files in iter_tar_groups(tar_path, counts.errors):
+      counts.seen += 1
+      image = next((files[e] for e in IMAGE_EXTS if e in files), None)
+      caption, bad = _caption_from(files)
+      if bad:
+        counts.skip(bad, key)
+        continue
+      data, reason = make_record(key, image, caption, max_record_bytes)
+      if reason:
+        counts.skip(reason, key)
+        continue
+      writer.write(data)
+      counts.written += 1
+  except BaseException:
+    writer.abort()
+    raise
+  writer.close()
+  summary = counts.as_dict(input=tar_path, output=out_path)
+  records.write_done_marker(out_path, summary)
+  return summary
+
+
+def _convert_tar_job(args) -> dict:
+  tar_path, out_path, max_record_bytes = args
+  try:
+    return convert_tar(tar_path, out_path, max_record_bytes)
+  except Exception as e:  # pylint: disable=broad-except
+    # Never take the whole conversion down: report the shard, no marker, so
+    # a re-run retries it.
+    c = _Counts()
+    c.errors.append(f'{tar_path}: failed: {type(e).__name__}: {e}')
+    return c.as_dict(input=tar_path, output=out_path, failed=True)
+
+
+def output_name(tar_path: str) -> str:
+  base = os.path.basename(tar_path)
+  for ext in ('.tar.gz', '.tgz', '.tar'):
+    if base.endswith(ext):
+      base = base[:-len(ext)]
+      break
+  return base + records.SUFFIX
+
+
+def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
+                       workers: int = 1,
+                       max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                       verbose: bool = False) -> dict:
+  """webdataset tars (brace pattern / glob / list) -> array_record shards.
+
+  Output ``OUT/NAME.array_record`` per input ``NAME.tar``. Shards whose
+  output and ``.done`` marker exist are not redone (their stored summaries
+  are merged in). ``workers`` > 1 converts shards in parallel processes.
+  """
+  if isinstance(inputs, str):
+    inputs = [inputs]
+  tars = []
+  for pattern in inputs:
+    if os.path.isdir(pattern):
+      pattern = os.path.join(pattern, '*.tar')
+    tars.extend(records.expand_paths(pattern))
+  names = [output_name(t) for t in tars]
+  dup = [n for n, c in collections.Counter(names).items() if c > 1]
+  if dup:
+    raise ValueError(f'input shards share output names {dup[:5]}: give them '
+                     'distinct file names')
+  os.makedirs(output_dir, exist_ok=True)
+  shards: dict[str, dict] = {}
+  todo = []
+  for tar_path, name in zip(tars, names):
+    out = os.path.join(output_dir, name)
+    done = records.read_done_marker(out)
+    if done is not None:
+      shards[name] = dict(done, resumed=True)
+    else:
+      todo.append((tar_path, out, max_record_bytes))
+  def report(r):
+    shards[os.path.basename(r['output'])] = r
+    if verbose:
+      print(f"[{len(shards)}/{len(tars)}] {r['input']}: "
+            f"{r['records_written']} records, {r['skipped_total']} skipped"
+            f"{' FAILED' if r.get('failed') else ''}", flush=True)
+
+  if workers > 1 and len(todo) > 1:
+    # spawn: workers import only this module (no JAX), safe with threads.
+    ctx = multiprocessing.get_context('spawn')
+    with ctx.Pool(min(workers, len(todo))) as pool:
+      for r in pool.imap_unordered(_convert_tar_job, todo):
+        report(r)
+  else:
+    for job in todo:
+      report(_convert_tar_job(job))
+  shards = dict(sorted(shards.items()))
+  summary = merge_summaries(
+      shards, input_shards=len(tars), shards_converted=len(todo),
+      shards_resumed=len(tars) - len(todo),
+      shards_failed=sum(bool(s.get('failed')) for s in shards.values()))
+  write_summary(output_dir, summary)
+  return summary
+
+
+# ----------------------------------------------------------------------------
+# Image folder + captions file.
+
+IMAGE_COLUMNS = ('image', 'filepath', 'file', 'filename', 'path', 'image_path')
+CAPTION_COLUMNS = ('caption', 'captions', 'text', 'title')
+
+
+def _pick(row: dict, names: Sequence[str], what: str, path: str):
+  for n in names:
+    if n in row:
+      return row[n]
+  raise ValueError(f'{path}: no {what} column/field; expected one of {names}, '
+                   f'got {sorted(row)}')
+
+
+def read_captions_file(path: str, counts: _Counts
+                       ) -> Iterator[tuple[str, Optional[list[str]]]]:
+  """(image path, captions or None when the line is malformed) per entry.
+
+  CSV: a header with an image column (``image``/``filepath``/``file``/...)
+  and a caption column (``caption``/``text``/``title``). JSONL: one object a
+  line, ``{"image": ..., "caption": str}`` or ``{"image": ..., "captions":
+  [str, ...]}``. Malformed JSONL lines are counted as ``bad_caption``.
+  """
+  if path.endswith('.csv') or path.endswith('.tsv'):
+    with open(path, newline='', encoding='utf-8') as f:
+      reader = csv.DictReader(f, delimiter='\t' if path.endswith('.tsv')
+                              else ',')
+      for row in reader:
+        image = _pick(row, IMAGE_COLUMNS, 'image', path)
+        caption = _pick(row, CAPTION_COLUMNS, 'caption', path)
+        yield image, [caption] if caption is not None else [None]
+    return
+  with open(path, encoding='utf-8', errors='replace') as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+          raise ValueError('not an object')
+      except ValueError:
+        counts.seen += 1
+        counts.skip(records.BAD_CAPTION, f'{path}:{lineno}')
+        continue
+      image = _pick(obj, IMAGE_COLUMNS, 'image', path)
+      caps = obj.get('captions', obj.get('caption', obj.get('text')))
+      if caps is None:
+        yield image, [None]
+      elif isinstance(caps, str):
+        yield image, [caps]
+      elif isinstance(caps, list) and caps:
+        yield image, caps
+      else:
+        yield image, [None]
+
+
+def _numbered_writer(output_dir: str, index: int) -> records.ShardWriter:
+  return records.ShardWriter(os.path.join(output_dir,
+                                          f'{index:05d}{records.SUFFIX}'))
+
+
+def convert_folder(images_dir: str, captions_path: str, output_dir: str,
+                   shard_size: int = 10000,
+                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
+  """Images under ``images_dir`` + captions file -> ``OUT/00000.array_record``...
+
+  One record per (image, caption); an image with several captions gives
+  several records sharing its key (its path as written in the captions
+  file). Skips are counted per record. Shards hold ``shard_size`` records.
+  """
+  if shard_size <= 0:
+    raise ValueError('shard_size must be positive')
+  os.makedirs(output_dir, exist_ok=True)
+  counts = _Counts()
+  shards: dict[str, dict] = {}
+  writer, shard_count, shard_index = None, 0, 0
+
+  def finish():
+    nonlocal writer, shard_index
+    if writer is not None:
+      writer.close()
+      name = os.path.basename(writer.path)
+      shards[name] = {'records_written': writer.count}
+      records.write_done_marker(writer.path, shards[name])
+      writer, shard_index = None, shard_index + 1
+
+  try:
+    for rel, captions in read_captions_file(captions_path, counts):
+      full = rel if os.path.isabs(rel) else os.path.join(images_dir, rel)
+      try:
+        with open(full, 'rb') as f:
+          image = f.read()
+      except OSError:
+        image = None
+      image_reason = None
+      for caption in captions:
+        counts.seen += 1
+        if caption is not None and not isinstance(caption, str):
+          counts.skip(records.BAD_CAPTION, rel)
+          continue
+        data, reason = make_record(rel, image, caption, max_record_bytes,
+                                   image_reason)
+        if reason:
+          counts.skip(reason, rel)
+          if reason in (records.CORRUPT_IMAGE, records.MISSING_IMAGE):
+            image_reason = reason
+          continue
+        image_reason = image_reason or ''  # decoded fine once: trust it
+        if writer is None:
+          writer = _numbered_writer(output_dir, shard_index)
+        writer.write(data)
+        counts.written += 1
+        if writer.count >= shard_size:
+          finish()
+    finish()
+  except BaseException:
+    if writer is not None:
+      writer.abort()
+    raise
+  summary = counts.as_dict(images=images_dir, captions=captions_path)
+  summary['shards'] = shards
+  write_summary(output_dir, summary)
+  return summary
+
+
+def print_summary(summary: dict):
+  brief = {k: v for k, v in summary.items() if k != 'shards'}
+  print(json.dumps(brief, indent=1, sort_keys=True), flush=True)
+
+
+def add_common_args(parser):
+  parser.add_argument('--output', required=True, help='output directory')
+  parser.add_argument('--max_record_bytes', type=int,
+                      default=DEFAULT_MAX_RECORD_BYTES,
+                      help='skip serialized records larger than this')

@@ -1,0 +1,46 @@
+"""webdataset / img2dataset tar shards -> array_record shards.
+
+python tools/convert_webdataset.py --input 'DIR/{00000..00099}.tar' \
+    --output OUT_DIR [--workers N] [--max_record_bytes 8388608]
+
+Each example of a tar is its files sharing a key (``KEY.jpg`` + ``KEY.txt``,
+or ``KEY.json`` with a ``"caption"`` field; ``.jpeg/.png/.webp`` images work
+too). Every input shard becomes ``OUT_DIR/NAME.array_record`` (record format
+in ``prolip_jax/data/records.py``) plus a ``.done`` marker holding its
+summary; a re-run skips shards that have both, so an interrupted conversion
+resumes. The input pattern's braces are expanded here (quote it), globs work
+too. Undecodable images, missing/blank captions and records over
+``--max_record_bytes`` are skipped and counted; the totals are printed and
+written to ``OUT_DIR/summary.json``. Train with ``data.name='array_record'``,
+``data.path='OUT_DIR/*.array_record'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from prolip_jax.data import converters  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--input', required=True, action='append',
+                      help="tar shards: brace pattern or glob (repeatable)")
+  parser.add_argument('--workers', type=int, default=os.cpu_count() or 1,
+                      help='shards converted in parallel processes')
+  converters.add_common_args(parser)
+  args = parser.parse_args(argv)
+  summary = converters.convert_webdataset(
+      args.input, args.output, workers=args.workers,
+      max_record_bytes=args.max_record_bytes, verbose=True)
+  converters.print_summary(summary)
+  print(f'summary: {os.path.join(args.output, converters.SUMMARY_FILE)}')
+  return summary
+
+
+if __name__ == '__main__':
+  main()
