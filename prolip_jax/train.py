@@ -184,7 +184,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
     # As in the release: keep the temperature a = exp(log a) within [1, 100].
     params = dict(params, logit_scale=jnp.clip(params['logit_scale'], 0.0,
                                                max_log_scale))
-    metrics['grad_norm'] = optax.global_norm(grads)
+    metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['lr'] = schedule(state.step)
     return TrainState(state.step + 1, params, opt_state), metrics
 

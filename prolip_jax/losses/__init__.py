@@ -24,6 +24,21 @@ from prolip_jax.losses.probabilistic import prolip_loss
 from prolip_jax.losses.probabilistic import prolip_regularizers
 from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
 from prolip_jax.losses.probabilistic import vib_loss
+from prolip_jax.losses.otter import ema_update
+from prolip_jax.losses.otter import otter_loss
+from prolip_jax.losses.otter import otter_loss_blockwise
+from prolip_jax.losses.otter import otter_similarity
+from prolip_jax.losses.otter import otter_targets
+from prolip_jax.losses.otter import sinkhorn
+from prolip_jax.losses.pcclip import comparative_prompt
+from prolip_jax.losses.pcclip import difference_alignment_loss
+from prolip_jax.losses.pcclip import difference_classify
+from prolip_jax.losses.pcclip import difference_text
+from prolip_jax.losses.pcme import pcme_pml_logits
+from prolip_jax.losses.pcme import pcme_pml_loss
+from prolip_jax.losses.pcme import pcme_pml_loss_blockwise
+from prolip_jax.losses.uniclip import mp_nce_loss
+from prolip_jax.losses.uniclip import mp_nce_loss_sharded
 
 __all__ = [
     'clip_loss', 'combine_prolip_terms', 'csd', 'GaussianBatch',
@@ -32,4 +47,8 @@ __all__ = [
     'prolip_loss', 'prolip_loss_blockwise', 'prolip_regularizers',
     'sigmoid_pairwise_loss_sum', 'siglip_logits', 'siglip_loss',
     'siglip_loss_blockwise', 'vib_loss',
+    'comparative_prompt', 'difference_alignment_loss', 'difference_classify',
+    'difference_text', 'ema_update', 'mp_nce_loss', 'mp_nce_loss_sharded',
+    'otter_loss', 'otter_loss_blockwise', 'otter_similarity', 'otter_targets',
+    'pcme_pml_logits', 'pcme_pml_loss', 'pcme_pml_loss_blockwise', 'sinkhorn',
 ]

@@ -1,0 +1,111 @@
+"""PCME++'s probabilistic matching loss (PML), the baseline of ProLIP A.3.
+
+Chun, "Improved Probabilistic Image-Text Representations" (PCME++, ICLR 2024),
+as summarised in ProLIP (section 3.2, appendix A.3, Table C.3): a pairwise
+binary cross-entropy over all image-text pairs of the batch with logits
+
+  logit_ij = -a * d_CSD(Z_i, Z_j) + b,
+  d_CSD = ||mu_i - mu_j||^2 + tr(Sigma_i) + tr(Sigma_j)     (ProLIP eq. 1),
+
+labels y_ij = 1 for matched pairs (the diagonal) and 0 otherwise. Unlike
+PPCL (``ppcl_loss``), PML uses the original CSD -- a distance, not a
+similarity -- and BCE averaged over pairs, which is why its gradients vanish
+quickly at scale (A.3); ProLIP's Table C.3 shows it does not train stand-alone
+without a CLIP loss added.
+
+Normalisation: the MEAN over all n*m pairs (``BCEWithLogitsLoss()`` in the
+PCME++ release). The release then returns ``2 * mean`` -- one copy for i2t and
+one for t2i, which are the same number since the pair set is symmetric -- so
+``2 * pcme_pml_loss`` is the release's value; this function returns the mean
+itself. Release initial values: a = 5, b = 5 (``PCME_SCALE_INIT``,
+``PCME_BIAS_INIT``). The release's optional extras (pseudo-positives via
+``smoothness_alpha``, Mixup/CutMix, VIB) are not included here; VIB is
+``vib_loss``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+
+from prolip_jax.losses import blockwise
+from prolip_jax.losses.probabilistic import csd
+from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
+
+Array = jax.Array
+AxisName = Union[str, Sequence[str]]
+
+PCME_SCALE_INIT = 5.0  # a ("negative_scale" in the release)
+PCME_BIAS_INIT = 5.0  # b ("shift" in the release)
+
+__all__ = ['pcme_pml_logits', 'pcme_pml_loss', 'pcme_pml_loss_blockwise']
+
+
+def pcme_pml_logits(mu_img: Array, logvar_img: Array, mu_txt: Array,
+                    logvar_txt: Array, scale: Array, bias: Array) -> Array:
+  """``(n, m)`` float32 logits ``-scale * csd(...) + bias`` (PCME++ eq. 1-2).
+
+  Args:
+    mu_img, logvar_img: ``(n, d)`` image means and log sigma^2.
+    mu_txt, logvar_txt: ``(m, d)`` text means and log sigma^2.
+    scale: ``a`` itself (positive), bias: ``b``.
+  """
+  return -scale * csd(mu_img, logvar_img, mu_txt, logvar_txt) + bias
+
+
+def pcme_pml_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
+                  logvar_txt: Array, scale: Array, bias: Array,
+                  matched: Optional[Array] = None) -> Array:
+  """PCME++'s probabilistic matching loss: mean pairwise BCE over CSD logits.
+
+  L = -(1/(n m)) sum_ij [y_ij log sig(l_ij) + (1 - y_ij) log sig(-l_ij)]
+  with l_ij = -a * d_CSD(Z_i, Z_j) + b (``pcme_pml_logits``).
+
+  Args:
+    mu_img, logvar_img: ``(n, d)``; mu_txt, logvar_txt: ``(m, d)``.
+    scale: ``a`` (release init 5). bias: ``b`` (release init 5).
+    matched: optional ``(n, m)`` labels in [0, 1]; default the identity
+      (row i matches column i), which needs n == m.
+
+  Returns:
+    scalar float32 loss, averaged over the n*m pairs (the release's value is
+    twice this, see the module docstring).
+  """
+  logits = pcme_pml_logits(mu_img, logvar_img, mu_txt, logvar_txt, scale,
+                           bias)
+  if matched is None:
+    return sigmoid_pairwise_loss_sum(logits) / logits.size
+  y = jnp.asarray(matched, jnp.float32)
+  bce = -(y * jax.nn.log_sigmoid(logits)
+          + (1.0 - y) * jax.nn.log_sigmoid(-logits))
+  return jnp.mean(bce)
+
+
+def pcme_pml_loss_blockwise(mu_img: Array, logvar_img: Array, mu_txt: Array,
+                            logvar_txt: Array, scale: Array, bias: Array,
+                            axis_name: AxisName) -> Array:
+  """``pcme_pml_loss`` (diagonal positives) of the global batch, from shards.
+
+  Call inside ``shard_map``; same ring as ``ppcl_loss_blockwise`` (texts
+  travel, one ``b_local x b_local`` block of logits at a time), with the
+  CSD-distance logits and the mean over the B*B pairs.
+
+  Args:
+    mu_img, logvar_img, mu_txt, logvar_txt: ``(b_local, d)`` local,
+      row-aligned shards.
+    scale, bias: replicated scalars ``a`` and ``b``.
+    axis_name: mesh axis name, or tuple of names, the batch is sharded over.
+
+  Returns:
+    scalar float32 loss of the global batch, the same on every device.
+  """
+  # pylint: disable=protected-access
+  axis_name = blockwise._axis(axis_name)
+  per_image = blockwise._ring_sigmoid_loss(
+      lambda img, txt: pcme_pml_logits(img[0], img[1], txt[0], txt[1], scale,
+                                       bias),
+      (mu_img, logvar_img), (mu_txt, logvar_txt), axis_name)
+  total = mu_img.shape[0] * blockwise._axis_size(axis_name)
+  return per_image / total
