@@ -20,6 +20,7 @@ TOKENIZER_FILE = 'tokenizer.model'
 
 
 def checkpoint_dir(workdir: str) -> str:
+  """Absolute ``WORKDIR/checkpoints``."""
   return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
 
 

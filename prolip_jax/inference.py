@@ -53,6 +53,7 @@ class ZeroShotClassifier:
 
   def predict(self, images: Sequence[np.ndarray], metric: str = 'csd'
               ) -> np.ndarray:
+    """``(n,)`` index of the best class of each image."""
     return np.argmax(self.scores(images, metric), axis=1)
 
 

@@ -68,10 +68,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The same full array on every device of ``mesh``."""
   return NamedSharding(mesh, P())
 
 
 def num_batch_shards(mesh: Mesh) -> int:
+  """How many pieces the global batch is split into (``data * fsdp``)."""
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 

@@ -198,3 +198,36 @@ def test_config_errors_are_clear():
     cfg = _tiny()
     ProLIP(cfg).init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
                      jnp.zeros((1, 9), jnp.int32))
+
+
+def test_bf16_compute_keeps_fp32_params_and_tracks_fp32_outputs():
+  cfg32 = _tiny()
+  cfg16 = _tiny(compute_dtype='bfloat16')
+  params = init_params(cfg32, jax.random.key(8))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(
+      init_params(cfg16, jax.random.key(8))))
+  images = jax.random.normal(jax.random.key(9), (4, 16, 16, 3))
+  tokens = jnp.array([[5, 6, 7, 8, 0, 0, 0, 0]] * 4)
+  out32 = ProLIP(cfg32).apply({'params': params}, images, tokens)
+  out16 = ProLIP(cfg16).apply({'params': params}, images, tokens)
+  for a, b in zip(jax.tree.leaves(out32[:2]), jax.tree.leaves(out16[:2])):
+    assert b.dtype == jnp.float32  # heads return float32 for the losses
+    np.testing.assert_allclose(a, b, atol=0.05, rtol=0.02)
+    assert not np.array_equal(a, b)  # bf16 really was used
+
+
+def test_remat_changes_memory_not_values_or_gradients():
+  cfg = _tiny()
+  params = init_params(cfg, jax.random.key(10))
+  images = jax.random.normal(jax.random.key(11), (2, 16, 16, 3))
+
+  def loss(p, remat):
+    mu, lv = ProLIP(_tiny(remat=remat)).apply({'params': p}, images,
+                                              method='encode_image')
+    return jnp.sum(mu * mu[::-1]) + jnp.mean(lv)
+
+  v0, g0 = jax.value_and_grad(loss)(params, False)
+  v1, g1 = jax.value_and_grad(loss)(params, True)
+  np.testing.assert_allclose(v0, v1, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

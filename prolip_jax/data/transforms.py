@@ -24,6 +24,7 @@ AUG_DIM = len(AUG_FIELDS)
 
 @dataclasses.dataclass(frozen=True)
 class AugmentConfig:
+  """Training augmentation of paper B.1 (torchvision's parameter meanings)."""
   crop_scale: tuple[float, float] = (0.8, 1.0)
   crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
   jitter: tuple[float, float, float, float] = (0.32, 0.32, 0.32, 0.08)
