@@ -1,0 +1,92 @@
+"""Evaluation suite for models trained on the bundled digits (the tiny demo).
+
+python -m prolip_jax.evaluate --workdir /tmp/tiny --config configs/eval/digits.py
+
+Runs on the 1,000 held-out digits (100 per class; never seen in training),
+each with the eight captions of ``digits.captions_for``:
+
+  0 'seven'            1 '7'               2 'a seven'
+  3 'the handwritten digit seven'          4 'a thin seven'
+  5 'a wide handwritten seven with thin strokes'
+  6 'a thin and wide digit seven written on the left side'
+  7 'a photo of a wide handwritten number seven drawn with thin strokes
+     slightly to the left'
+
+Hierarchy levels are captions 0, 4, 5, 6: the bare name, then one, two and
+three attributes, each level entailing the previous one. Override anything on
+the command line, e.g. ``"--config.suites=('zero_shot', 'retrieval')"`` or
+``--config.data.per_class=20`` for a quick run. Outputs go to WORKDIR/eval
+(``--out`` elsewhere).
+"""
+
+import ml_collections
+
+# Prompts for BPRW: the four zero-shot templates plus caption-style and
+# attribute prompts, so that the learned weights have something to choose.
+BPRW_TEMPLATES = (
+    'a photo of the number {}.', 'a handwritten {}.', 'the digit {}.',
+    'a drawing of a {}.', '{}', 'the handwritten digit {}', 'a thin {}',
+    'a thick {}', 'a wide handwritten {}', 'a narrow handwritten {}')
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.suites = ('zero_shot', 'retrieval', 'uncertainty', 'bprw', 'traversal',
+              'filtering')
+  c.batch_size = 250
+  c.seed = 0
+  c.progress = True
+  c.data = ml_collections.ConfigDict({
+      'dataset': 'digits', 'split': 'heldout',
+      'per_class': 0})  # 0: all 100 per class
+
+  c.zero_shot = ml_collections.ConfigDict({
+      'metrics': ('csd', 'cosine'), 'ks': (1, 5),
+      'templates': ()})  # (): the dataset's (digits.EVAL_TEMPLATES)
+
+  c.retrieval = ml_collections.ConfigDict({
+      'metrics': ('csd', 'cosine'), 'ks': (1, 5, 10),
+      # Three captions per image: the attribute captions.
+      'caption_indices': (5, 6, 7)})
+
+  c.uncertainty = ml_collections.ConfigDict({
+      'levels': (0, 4, 5, 6),
+      # Partial views for H(orig ⊂ view): 'drop:KEEP' keeps that fraction of
+      # patch tokens (training drops 75%), 'occlude:F' zeroes the central F
+      # of the image area.
+      'image_views': ('drop:0.25', 'occlude:0.25'),
+      'text_mask_prob': 0.75,  # as in training
+      'inclusion_eps': 0.0,  # eq. 3 without the stability trick
+      'num_inclusion_images': 0,  # 0: all
+      'num_examples': 8})
+
+  c.bprw = ml_collections.ConfigDict({
+      'templates': BPRW_TEMPLATES,
+      'eps': 0.02,
+      'max_iters': 1000, 'tol': 1e-7,
+      # C.7: zero-shot alpha 5, 5 nearest images per class, 10 samples each.
+      'zero_shot': {'alpha': 5.0, 'm': 5, 'k': 10},
+      # Few-shot: alpha 2, K labelled images per class from the training
+      # split, 100 // K samples each.
+      'few_shot': {'shots': 5, 'alpha': 2.0, 'total_samples': 100,
+                   'split': 'train'}})
+
+  c.traversal = ml_collections.ConfigDict({
+      'levels': (0, 4, 5, 6),  # ground-truth hierarchy per image
+      'database_levels': (),  # (): the captions of `levels`
+      'steps': 50,
+      # [ROOT] search: 'measure' (inc(Z_c, Z_k), eq. 3, B.4) or 'hypothesis'
+      # (H(Z_c ⊂ Z_k), eq. 4).
+      'score': 'measure',
+      'inclusion_eps': 0.0,
+      'num_images': 0,  # 0: all
+      'num_examples': 5})
+
+  c.filtering = ml_collections.ConfigDict({
+      'caption_index': 7,  # the most specific caption
+      'corrupt_fraction': 0.2,  # captions shuffled among these records
+      'keep_fraction': 0.8,
+      'w_img': 0.0, 'w_txt': 0.0,
+      'batch_size': 256,
+      'use_mesh': True})
+  return c

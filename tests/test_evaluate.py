@@ -1,0 +1,266 @@
+"""Evaluation metrics vs brute force, and the eval command end to end."""
+
+import functools
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from prolip_jax import evaluate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def eval_config(name='digits'):
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(REPO, 'configs', 'eval', name + '.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+# ---------------------------------------------------------------------------
+# Metrics against loops.
+
+
+def test_topk_accuracy_matches_loop():
+  rng = np.random.default_rng(0)
+  scores = rng.normal(size=(40, 7))
+  labels = rng.integers(0, 7, 40)
+  got = evaluate.topk_accuracy(scores, labels, ks=(1, 3, 5, 10))
+  for k in (1, 3, 5, 10):
+    hits = 0
+    for row, y in zip(scores, labels):
+      better = sum(1 for s in row if s > row[y])
+      hits += better < k
+    assert got[f'top{k}'] == pytest.approx(hits / 40)
+
+
+def test_flat_hit_at_k_matches_loop():
+  rng = np.random.default_rng(1)
+  scores = rng.normal(size=(30, 8))
+  label_sets = [list(rng.choice(8, rng.integers(1, 4), replace=False))
+                for _ in range(30)]
+  got = evaluate.flat_hit_at_k(scores, label_sets, ks=(1, 2, 5))
+  for k in (1, 2, 5):
+    hits = 0
+    for row, labels in zip(scores, label_sets):
+      ranked = sorted(range(8), key=lambda j: -row[j])[:k]
+      hits += any(j in labels for j in ranked)
+    assert got[f'flat_hit@{k}'] == pytest.approx(hits / 30)
+  # One label per row: the same as top-k accuracy.
+  single = [[s[0]] for s in label_sets]
+  assert evaluate.flat_hit_at_k(scores, single, (1, 5)) == {
+      'flat_hit@1': evaluate.topk_accuracy(scores, np.array(single)[:, 0],
+                                           (1,))['top1'],
+      'flat_hit@5': evaluate.topk_accuracy(scores, np.array(single)[:, 0],
+                                           (5,))['top5']}
+
+
+def test_retrieval_recall_matches_brute_force_with_several_captions():
+  rng = np.random.default_rng(2)
+  n_img = 12
+  counts = rng.integers(1, 5, n_img)  # 1 to 4 captions per image
+  owner = np.repeat(np.arange(n_img), counts)
+  rng.shuffle(owner)
+  scores = rng.normal(size=(n_img, len(owner)))
+  # Make the task non-trivial but not random: a bonus for true pairs.
+  scores[owner, np.arange(len(owner))] += 1.0
+  got = evaluate.retrieval_recall(scores, owner, ks=(1, 5, 10))
+  for k in (1, 5, 10):
+    # i2t: any of the image's captions among its k best texts.
+    hit = 0
+    for i in range(n_img):
+      ranked = sorted(range(len(owner)), key=lambda j: -scores[i, j])[:k]
+      hit += any(owner[j] == i for j in ranked)
+    assert got[f'i2t_R@{k}'] == pytest.approx(hit / n_img)
+    # t2i: the caption's image among its k best images.
+    hit = 0
+    for j in range(len(owner)):
+      ranked = sorted(range(n_img), key=lambda i: -scores[i, j])[:k]
+      hit += owner[j] in ranked
+    assert got[f't2i_R@{k}'] == pytest.approx(hit / len(owner))
+
+
+def test_similarity_csd_and_cosine_by_hand():
+  rng = np.random.default_rng(3)
+  a = (rng.normal(size=(3, 4)), rng.normal(-2, 0.5, (3, 4)))
+  b = (rng.normal(size=(5, 4)), rng.normal(-2, 0.5, (5, 4)))
+  got = evaluate.similarity(a, b, 'csd')
+  for i in range(3):
+    for j in range(5):
+      want = -(((a[0][i] - b[0][j]) ** 2).sum() + np.exp(a[1][i]).sum()
+               + np.exp(b[1][j]).sum())
+      assert got[i, j] == pytest.approx(want, rel=1e-5)
+  cos = evaluate.similarity(a, b, 'cosine')
+  want = a[0][1] @ b[0][2] / np.linalg.norm(a[0][1]) / np.linalg.norm(b[0][2])
+  assert cos[1, 2] == pytest.approx(want, rel=1e-5)
+  with pytest.raises(ValueError):
+    evaluate.similarity((a[0], None), b, 'csd')
+
+
+def test_embed_in_batches_tuple_inputs_and_progress():
+  x = np.arange(10, dtype=np.float32)[:, None]
+  y = np.arange(10, dtype=np.float32)[:, None] * 10
+  calls = []
+  mu, lv = evaluate.embed_in_batches(
+      lambda xy: (xy[0] + xy[1], xy[0] * 0), (x, y), 4,
+      progress=lambda d, t: calls.append((d, t)))
+  np.testing.assert_allclose(mu[:, 0], np.arange(10) * 11)
+  assert lv.shape == (10, 1)
+  assert calls == [(4, 10), (8, 10), (10, 10)]
+  stream = io.StringIO()
+  p = evaluate.Progress('x', stream=stream, interval=1e9)
+  p(1, 3)
+  p(3, 3)
+  assert stream.getvalue().strip().splitlines()[-1].startswith('x: 3/3')
+
+
+def test_format_table():
+  table = evaluate.format_table({'a/b': 0.5, 'a/c': 3, 'long_suite/x': 1e-4})
+  lines = table.splitlines()
+  assert lines[0].split() == ['suite', 'metric', 'value']
+  assert lines[2].split() == ['a', 'b', '0.5']
+  assert lines[4].split() == ['long_suite', 'x', '0.0001']
+
+
+# ---------------------------------------------------------------------------
+# End to end on a randomly initialised tiny model saved as a workdir.
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  from prolip_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp('eval_workdir'))
+  m = presets.model_preset('tiny')
+  m.vision.width = m.text.width = 32
+  m.vision.layers = m.text.layers = 1
+  m.vision.heads = m.text.heads = 2
+  m.text.context_length = 24
+  m.embed_dim = 16
+  m.init_unc_bias = -3.0
+  cfg = ModelConfig.from_config(m)
+  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
+      jax.random.key(0)))
+  corpus = digits.tokenizer_corpus()
+  tok_lib.train_tokenizer(corpus[:800] + corpus[-40:],
+                          os.path.join(path, checkpoint.TOKENIZER_FILE), 256)
+  with checkpoint.manager(path) as mngr:
+    checkpoint.save(mngr, 1, params, {'unused': np.zeros(1, np.float32)},
+                    {'model': cfg.to_dict(), 'config': {}, 'step': 1},
+                    force=True)
+    mngr.wait_until_finished()
+  return path
+
+
+EXPECTED_FIGURES = {
+    'sigma2_hist.png', 'sigma2_vs_length.png', 'sigma2_by_level.png',
+    'inclusion_hist.png', 'uncertain_images.png', 'bprw_weights.png',
+    'traversal.png', 'filtering_scores.png'}
+
+
+def _png_ok(path):
+  assert os.path.getsize(path) > 0
+  with Image.open(path) as im:
+    im.verify()
+  with Image.open(path) as im:
+    assert im.format == 'PNG' and im.size[0] > 0 and im.size[1] > 0
+
+
+def test_run_every_suite(workdir, tmp_path):
+  cfg = eval_config()
+  cfg.data.per_class = 5
+  cfg.progress = False
+  cfg.batch_size = 50
+  cfg.bprw.few_shot.shots = 2
+  cfg.traversal.steps = 10
+  out = str(tmp_path / 'eval')
+  lines = []
+  summary = evaluate.run(workdir, cfg, out, log=lines.append)
+  m = summary['metrics']
+  for suite in cfg.suites:
+    with open(os.path.join(out, f'{suite}.json')) as f:
+      data = json.load(f)
+    assert data['suite'] == suite and data['metrics']
+  for key in ('zero_shot/csd_top1', 'zero_shot/cosine_top5',
+              'retrieval/csd_i2t_R@10', 'retrieval/cosine_t2i_R@1',
+              'uncertainty/spearman_length_sigma2',
+              'uncertainty/level_adjacent_decreasing',
+              'bprw/uniform_top1', 'bprw/zeroshot_top1',
+              'bprw/fewshot2_top1', 'traversal/inclusion_precision',
+              'traversal/null_root_R@1', 'filtering/auc'):
+    assert key in m, key
+  for key, v in m.items():
+    if key.endswith(('top1', 'top5', 'precision', 'recall', 'auc')) or (
+        '_R@' in key):
+      assert 0.0 <= v <= 1.0, (key, v)
+  assert m['filtering/kept'] == 40 and m['filtering/total'] == 50
+  assert {os.path.basename(p) for p in summary['figures']} == \
+      EXPECTED_FIGURES
+  for p in summary['figures']:
+    _png_ok(p)
+  kept = open(os.path.join(out, 'filtering_kept_keys.txt')).read().split()
+  assert len(kept) == 40 and len(set(kept)) == 40
+  table = [l for l in lines if l.startswith('suite')]
+  assert table and 'metric' in table[0]
+
+
+def test_command_line(workdir, tmp_path):
+  out = str(tmp_path / 'cli')
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+             os.environ.get('PYTHONPATH', ''), JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run(
+      [sys.executable, '-m', 'prolip_jax.evaluate', '--workdir', workdir,
+       '--out', out, '--config', os.path.join(REPO, 'configs', 'eval',
+                                               'digits.py'),
+       "--config.suites=('zero_shot', 'retrieval')",
+       '--config.data.per_class=3', '--config.batch_size=30'],
+      env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'zero_shot' in proc.stdout and 'csd_top1' in proc.stdout
+  assert 'retrieval' in proc.stdout and 'cosine_i2t_R@10' in proc.stdout
+  assert 'images: 30/30' in proc.stderr  # progress
+  with open(os.path.join(out, 'summary.json')) as f:
+    summary = json.load(f)
+  assert set(summary['metrics']) >= {'zero_shot/csd_top1',
+                                     'retrieval/csd_t2i_R@5'}
+
+
+def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
+                                                              tmp_path):
+  from prolip_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
+  loaded = inference.load(workdir)
+  cfg_dict = loaded.config.to_dict()
+  cfg_dict['use_unc'] = False
+  cfg = ModelConfig.from_config(cfg_dict)
+  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
+      jax.random.key(1)))
+  tok = tok_lib.Tokenizer(os.path.join(workdir, checkpoint.TOKENIZER_FILE),
+                          cfg.text.context_length, pad_id=0)
+  model = inference.LoadedModel(cfg, params, tok)
+  ecfg = eval_config()
+  ecfg.suites = ('zero_shot', 'uncertainty', 'filtering')
+  ecfg.data.per_class = 2
+  ecfg.progress = False
+  lines = []
+  summary = evaluate.run(model, ecfg, str(tmp_path / 'det'),
+                         log=lines.append)
+  assert set(summary['metrics']) == {'zero_shot/cosine_top1',
+                                     'zero_shot/cosine_top5'}
+  assert any('[uncertainty] skipped' in l for l in lines)
+  assert any('[filtering] skipped' in l for l in lines)
