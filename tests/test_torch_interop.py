@@ -571,3 +571,43 @@ def test_import_tool_errors_write_nothing(case, tmp_path, import_tool):
     import_tool.import_weights(str(src), _config(tmp_path, target),
                                str(workdir))
   assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch):
+  """The README's copy-paste PyTorch snippet, run verbatim on a fresh export,
+  gives the JAX model's embeddings."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  import prolip_jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      'prolip_micro', os.path.join(repo, 'configs', 'prolip_micro.py'))
+  cfg_mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cfg_mod)
+  cfg = cfg_mod.get_config()
+  cfg.total_steps = 2
+  cfg.mesh.num_devices = 1
+  workdir = str(tmp_path / 'workdirs' / 'prolip_tiny')
+  train.train_and_evaluate(cfg, workdir)
+  export_spec = importlib.util.spec_from_file_location(
+      'export_pytorch', os.path.join(repo, 'tools', 'export_pytorch.py'))
+  export_mod = importlib.util.module_from_spec(export_spec)
+  export_spec.loader.exec_module(export_mod)
+  export_mod.export(workdir, str(tmp_path / 'exports' / 'prolip_tiny'))
+  image = digits.split('heldout')[0][750]
+  Image.fromarray(image).save(tmp_path / 'digit.png')
+
+  readme = open(os.path.join(repo, 'README.md')).read()
+  snippet = readme.split('Then, in PyTorch')[1].split('```python')[1]
+  snippet = snippet.split('```')[0]
+  monkeypatch.chdir(tmp_path)
+  scope = {}
+  exec(snippet, scope)  # pylint: disable=exec-used
+  mu_txt, logvar_txt = prolip_jax.load(workdir).encode_text(['a thick seven'])
+  np.testing.assert_allclose(scope['mu_txt'].numpy(), mu_txt, atol=1e-4)
+  np.testing.assert_allclose(scope['logvar_txt'].numpy(), logvar_txt,
+                             atol=1e-4)
+  assert np.isfinite(float(scope['csd']))
