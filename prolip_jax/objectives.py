@@ -15,8 +15,12 @@ from jax.sharding import PartitionSpec as P
 from prolip_jax import losses
 from prolip_jax import sharding as shd
 
-OBJECTIVES = ('prolip', 'siglip', 'clip')
-PROBABILISTIC = ('prolip',)
+OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme')
+# Objectives over Gaussian embeddings: they need model.use_unc=True.
+PROBABILISTIC = ('prolip', 'pcme')
+# Objectives that also embed masked copies of some samples (eq. 6's
+# inclusion terms); PCME++ has none.
+MASKED = ('prolip',)
 
 
 def _loss_kwargs(loss_cfg) -> dict[str, Any]:
@@ -59,6 +63,32 @@ def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
       loss = losses.clip_loss(img.mu, txt.mu, scale)
       return loss, {'loss': loss, 'clip': loss}
     return clip
+  if name == 'pcme':
+    beta = float(loss_cfg.beta)
+    quirk = bool(loss_cfg.vib_release_quirk)
+
+    def pcme(img, txt, scale, bias, *_):
+      if axis_name is None:
+        pml = losses.pcme_pml_loss(img.mu, img.logvar, txt.mu, txt.logvar,
+                                   scale, bias)
+      else:
+        pml = losses.pcme_pml_loss_blockwise(img.mu, img.logvar, txt.mu,
+                                             txt.logvar, scale, bias,
+                                             axis_name)
+      metrics = {'pml': pml}
+      loss = pml
+      if beta > 0:
+        # Each device's VIB is a mean over its rows; averaging over the
+        # (equal) shards gives the global-batch mean.
+        vib = 0.5 * (losses.vib_loss(img.mu, img.logvar, quirk)
+                     + losses.vib_loss(txt.mu, txt.logvar, quirk))
+        if axis_name is not None:
+          vib = jax.lax.pmean(vib, axis_name)
+        metrics['vib'] = vib
+        loss = loss + beta * vib
+      metrics['loss'] = loss
+      return loss, metrics
+    return pcme
   raise ValueError(f'unknown objective {name!r}; have {OBJECTIVES}')
 
 

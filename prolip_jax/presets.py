@@ -55,7 +55,7 @@ def base_config() -> ml_collections.ConfigDict:
   """Run settings shared by every config; each config file overrides some."""
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.objective = 'prolip'  # 'prolip' | 'siglip' | 'clip'
+  c.objective = 'prolip'  # see objectives.OBJECTIVES
   c.model = model_preset('tiny')
   c.batch_size = 128  # global, over all devices and hosts
   c.total_steps = 1000
@@ -109,9 +109,13 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   """
   c = base_config()
   c.objective = objective
-  c.model = model_preset('tiny', use_unc=objective == 'prolip')
+  c.model = model_preset('tiny', use_unc=objective in ('prolip', 'pcme'))
   if objective == 'clip':
     c.model.init_logit_scale = 1 / 0.07  # CLIP's temperature init
+  if objective == 'pcme':
+    # PCME++'s release inits a = 5, b = 5 (the model stores log a).
+    c.model.init_logit_scale = 5.0
+    c.model.init_logit_bias = 5.0
   c.batch_size = 128
   c.total_steps = 600
   c.optim.lr = 1e-3

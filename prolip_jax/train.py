@@ -137,7 +137,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   shards = shd.num_batch_shards(mesh)
   local_batch = config.batch_size // shards
   stride = 0
-  if config.objective in objectives.PROBABILISTIC:
+  if config.objective in objectives.MASKED:
     stride = masking_stride(config.masking.fraction)
     if stride and local_batch % stride:
       raise ValueError(f'the per-device batch {local_batch} must be a multiple '
