@@ -3,7 +3,8 @@
 Layout: ``WORKDIR/checkpoints/<step>/`` holds three Orbax items:
 ``params`` (the model parameters), ``opt_state`` (optax state) and ``meta``
 (JSON: the step, the full run config and the model config), so a single
-checkpoint directory is enough to rebuild the model. The sentencepiece model a
+checkpoint directory is enough to rebuild the model. Objectives with an EMA
+teacher (OTTER) add a fourth item, ``teacher`` (parameters like ``params``). The sentencepiece model a
 run uses is copied to ``WORKDIR/tokenizer.model``.
 """
 
@@ -34,16 +35,24 @@ def manager(workdir: str, max_to_keep: Optional[int] = 3,
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, save_interval_steps=save_interval_steps)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                               item_names=('params', 'opt_state', 'meta'))
+                               item_names=('params', 'opt_state', 'meta',
+                                           'teacher'))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
-         meta: dict[str, Any], force: bool = False) -> bool:
-  """Saves (asynchronously) one checkpoint; returns whether it was written."""
+         meta: dict[str, Any], force: bool = False,
+         teacher: Optional[Any] = None) -> bool:
+  """Saves (asynchronously) one checkpoint; returns whether it was written.
+
+  ``teacher``: EMA-teacher parameters (OTTER), saved as their own item.
+  """
+  items = dict(params=ocp.args.StandardSave(params),
+               opt_state=ocp.args.StandardSave(opt_state))
+  if teacher is not None:
+    items['teacher'] = ocp.args.StandardSave(teacher)
+  meta = dict(meta, has_teacher=teacher is not None)
   return mngr.save(step, args=ocp.args.Composite(
-      params=ocp.args.StandardSave(params),
-      opt_state=ocp.args.StandardSave(opt_state),
-      meta=ocp.args.JsonSave(meta)), force=force)
+      meta=ocp.args.JsonSave(meta), **items), force=force)
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
@@ -66,6 +75,22 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
   return out['params'], out['opt_state'] if has_opt_state else None, meta
 
 
+def restore_teacher(mngr: ocp.CheckpointManager, step: int,
+                    abstract_teacher: Any) -> Optional[Any]:
+  """The EMA-teacher parameters of a checkpoint, or None if it has none.
+
+  ``abstract_teacher`` gives shapes, dtypes and shardings (as in
+  ``restore``). Checkpoints of objectives without a teacher, and imported
+  weights, have none: the caller then starts the teacher from the student.
+  """
+  meta = mngr.restore(step, args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))['meta']
+  if not meta.get('has_teacher', False):
+    return None
+  return mngr.restore(step, args=ocp.args.Composite(
+      teacher=ocp.args.StandardRestore(abstract_teacher)))['teacher']
+
+
 def latest_step(workdir: str) -> Optional[int]:
   """The newest checkpointed step under ``workdir``, or None."""
   if not os.path.isdir(checkpoint_dir(workdir)):
@@ -74,12 +99,14 @@ def latest_step(workdir: str) -> Optional[int]:
     return mngr.latest_step()
 
 
-def load_params(workdir: str, step: Optional[int] = None
-                ) -> tuple[Any, dict[str, Any]]:
+def load_params(workdir: str, step: Optional[int] = None,
+                item: str = 'params') -> tuple[Any, dict[str, Any]]:
   """Parameters (host numpy/jax arrays) and meta of one checkpoint.
 
-  No optimizer state is read. ``step`` defaults to the latest one. Raises
-  ``FileNotFoundError`` with the path when there is no checkpoint.
+  No optimizer state is read. ``step`` defaults to the latest one; ``item``
+  'teacher' reads an OTTER run's EMA teacher instead of the student. Raises
+  ``FileNotFoundError`` with the path when there is no checkpoint (or no
+  teacher in it).
   """
   if not os.path.isdir(checkpoint_dir(workdir)):
     raise FileNotFoundError(f'no checkpoints under {checkpoint_dir(workdir)}')
@@ -91,7 +118,10 @@ def load_params(workdir: str, step: Optional[int] = None
           f'have {sorted(mngr.all_steps())}')
     meta = mngr.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))['meta']
-    abstract = mngr.item_metadata(step)['params']
+    if item == 'teacher' and not meta.get('has_teacher', False):
+      raise FileNotFoundError(f'checkpoint {step} under '
+                              f'{checkpoint_dir(workdir)} has no EMA teacher')
+    abstract = mngr.item_metadata(step)[item]
     # Restore onto the local default device whatever sharding it was saved
     # with, so a pod checkpoint opens on a laptop.
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -99,5 +129,5 @@ def load_params(workdir: str, step: Optional[int] = None
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
         abstract)
     params = mngr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(target)))['params']
+        **{item: ocp.args.StandardRestore(target)}))[item]
   return params, meta

@@ -15,12 +15,14 @@ from jax.sharding import PartitionSpec as P
 from prolip_jax import losses
 from prolip_jax import sharding as shd
 
-OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme')
+OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter')
 # Objectives over Gaussian embeddings: they need model.use_unc=True.
 PROBABILISTIC = ('prolip', 'pcme')
 # Objectives that also embed masked copies of some samples (eq. 6's
 # inclusion terms); PCME++ has none.
 MASKED = ('prolip',)
+# Objectives distilling from an EMA teacher kept in the train state.
+TEACHER = ('otter',)
 
 
 def _loss_kwargs(loss_cfg) -> dict[str, Any]:
@@ -32,10 +34,13 @@ def _loss_kwargs(loss_cfg) -> dict[str, Any]:
 
 def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
                     ) -> Callable[..., tuple[jax.Array, dict]]:
-  """``f(img, txt, scale, bias, img_masked, txt_masked) -> (loss, metrics)``.
+  """``f(img, txt, scale, bias, img_aux, txt_aux) -> (loss, metrics)``.
 
   ``img``/``txt`` are ``losses.GaussianBatch`` (logvar None for deterministic
-  objectives). With ``axis_name`` the function expects local shards and uses
+  objectives). ``img_aux``/``txt_aux`` are the embeddings of the masked
+  copies for 'prolip' (rows of the ``strided_rows`` samples), the EMA
+  teacher's embeddings of the same batch for 'otter', and unused (None)
+  otherwise. With ``axis_name`` the function expects local shards and uses
   the blockwise forms; the result is the global-batch loss on every device.
   """
   if name == 'prolip':
@@ -89,7 +94,28 @@ def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
       metrics['loss'] = loss
       return loss, metrics
     return pcme
+  if name == 'otter':
+    kwargs = otter_kwargs(loss_cfg)
+
+    def otter(img, txt, scale, bias, img_t, txt_t):
+      del bias
+      # With [UNC] towers the student logits are CSD-based (the probabilistic
+      # variant); the teacher's Sinkhorn targets use its means only.
+      lv = dict(logvar_img=img.logvar, logvar_txt=txt.logvar)
+      if axis_name is None:
+        return losses.otter_loss(img.mu, txt.mu, img_t.mu, txt_t.mu, scale,
+                                 **kwargs, **lv)
+      return losses.otter_loss_blockwise(img.mu, txt.mu, img_t.mu, txt_t.mu,
+                                         scale, axis_name, **kwargs, **lv)
+    return otter
   raise ValueError(f'unknown objective {name!r}; have {OBJECTIVES}')
+
+
+def otter_kwargs(loss_cfg) -> dict[str, Any]:
+  """``otter_loss`` keyword arguments from ``config.loss.otter``."""
+  o = loss_cfg.otter
+  return dict(alpha=o.alpha, lam=o.lam, n_iter=o.n_iter, gamma_v=o.gamma_v,
+              gamma_t=o.gamma_t, eta=o.eta)
 
 
 def objective(name: str, loss_cfg, mesh) -> Callable[..., tuple[jax.Array,

@@ -29,6 +29,7 @@ import optax
 
 from prolip_jax import checkpoint
 from prolip_jax import evaluate
+from prolip_jax import losses
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
@@ -48,6 +49,8 @@ class TrainState:
   step: jax.Array  # int32 scalar: optimizer updates done so far
   params: Any
   opt_state: Any
+  # EMA teacher parameters for distilling objectives (OTTER), else None.
+  teacher: Any = None
 
 
 # ----------------------------------------------------------------------------
@@ -144,49 +147,60 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                        f'of 1/masking.fraction = {stride}')
   objective = objectives.objective(config.objective, config.loss, mesh)
   max_log_scale = math.log(config.optim.max_logit_scale)
+  use_teacher = config.objective in objectives.TEACHER
 
-  def loss_fn(params, batch, rng):
+  def loss_fn(params, teacher, batch, rng):
     apply = functools.partial(model.apply, {'params': params})
     images = normalize_images(batch['image'], config.data.mean,
                               config.data.std)
     tokens = batch['tokens']
     img = GaussianBatch(*apply(images, method='encode_image'))
     txt = GaussianBatch(*apply(tokens, method='encode_text'))
-    img_masked = txt_masked = None
+    img_aux = txt_aux = None
+    if use_teacher:  # OTTER's targets come from the EMA teacher, not grads
+      apply_t = functools.partial(model.apply,
+                                  {'params': jax.lax.stop_gradient(teacher)})
+      img_aux = GaussianBatch(*apply_t(images, method='encode_image'))
+      txt_aux = GaussianBatch(*apply_t(tokens, method='encode_text'))
     if stride:
       rng_img, rng_txt = jax.random.split(rng)
       masked_images = strided_rows(images, stride)
       keep = masking.random_keep_indices(
           rng_img, masked_images.shape[0], model_cfg.num_patches,
           config.masking.image_keep_ratio)
-      img_masked = GaussianBatch(*apply(masked_images, keep,
-                                        method='encode_image'))
+      img_aux = GaussianBatch(*apply(masked_images, keep,
+                                     method='encode_image'))
       masked_tokens = masking.mask_text_tokens(
           rng_txt, strided_rows(tokens, stride), mask_id,
           model_cfg.text.pad_id, config.masking.text_mask_prob)
-      txt_masked = GaussianBatch(*apply(masked_tokens, method='encode_text'))
+      txt_aux = GaussianBatch(*apply(masked_tokens, method='encode_text'))
       reorder = functools.partial(strided_rows_first, shards=shards,
                                   stride=stride)
       img = jax.tree.map(reorder, img)
       txt = jax.tree.map(reorder, txt)
     scale = jnp.exp(params['logit_scale'])
     bias = params['logit_bias']
-    loss, metrics = objective(img, txt, scale, bias, img_masked, txt_masked)
+    loss, metrics = objective(img, txt, scale, bias, img_aux, txt_aux)
     metrics = dict(metrics, scale=scale, bias=bias,
                    **gaussian_stats(img, txt))
     return loss, metrics
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, rng)
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(
+        state.params, state.teacher, batch, rng)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     # As in the release: keep the temperature a = exp(log a) within [1, 100].
     params = dict(params, logit_scale=jnp.clip(params['logit_scale'], 0.0,
                                                max_log_scale))
+    teacher = state.teacher
+    if use_teacher:  # OTTER 3.4: theta~ <- m theta~ + (1 - m) theta
+      teacher = losses.ema_update(teacher, params,
+                                  config.loss.otter.ema_decay)
     metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['lr'] = schedule(state.step)
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state, teacher), metrics
 
   return train_step
 
@@ -255,11 +269,13 @@ def validate_config(config):
 
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
-                            mesh) -> tuple[Callable, TrainState]:
+                            mesh, with_teacher: bool = False
+                            ) -> tuple[Callable, TrainState]:
   """A jitted ``rng -> TrainState`` creating every array with its sharding.
 
   Parameters and optimizer state follow the FSDP rule of ``sharding.py``; no
   device ever holds an unsharded copy. Also returns the state's shardings.
+  ``with_teacher``: add an EMA teacher (OTTER) starting equal to the student.
   """
   model_cfg = model.config
 
@@ -268,12 +284,15 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
     params = model.init(
         rng, jnp.zeros((1, size, size, 3), jnp.float32),
         jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    teacher = params if with_teacher else None
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
+                      teacher)
 
   abstract = jax.eval_shape(init_state, jax.random.key(0))
-  shardings = TrainState(shd.replicated(mesh),
-                         shd.param_shardings(mesh, abstract.params),
-                         shd.param_shardings(mesh, abstract.opt_state))
+  param_shardings = shd.param_shardings(mesh, abstract.params)
+  shardings = TrainState(shd.replicated(mesh), param_shardings,
+                         shd.param_shardings(mesh, abstract.opt_state),
+                         param_shardings if with_teacher else None)
   return jax.jit(init_state, out_shardings=shardings), shardings
 
 
@@ -371,7 +390,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   root_rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(root_rng)
-  init_state, state_shardings = train_state_initializer(model, tx, mesh)
+  with_teacher = config.objective in objectives.TEACHER
+  init_state, state_shardings = train_state_initializer(model, tx, mesh,
+                                                        with_teacher)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
   start = mngr.latest_step()
@@ -387,7 +408,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           params)
       logging.warning('Checkpoint %d has no optimizer state (imported '
                       'weights): starting AdamW afresh', start)
-    state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state)
+    teacher = None
+    if with_teacher:
+      teacher = checkpoint.restore_teacher(mngr, start, abs_params)
+      if teacher is None:  # e.g. imported weights: the teacher starts there
+        teacher = jax.jit(lambda p: p,
+                          out_shardings=state_shardings.params)(params)
+        logging.warning('Checkpoint %d has no EMA teacher: starting it from '
+                        'the restored parameters', start)
+    state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state,
+                       teacher)
     logging.info('Resumed from step %d', start)
   start = start or 0
 
@@ -411,7 +441,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if step in mngr.all_steps():
       return
     checkpoint.save(mngr, step, state.params, state.opt_state,
-                    dict(meta, step=int(step)), force=force)
+                    dict(meta, step=int(step)), force=force,
+                    teacher=state.teacher)
 
   gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
 

@@ -116,3 +116,151 @@ def test_objective_lists():
   assert 'pcme' in objectives.OBJECTIVES
   assert 'pcme' in objectives.PROBABILISTIC
   assert 'pcme' not in objectives.MASKED
+  assert objectives.TEACHER == ('otter',)
+  assert 'otter' in objectives.OBJECTIVES and 'otter' not in objectives.MASKED
+
+
+# ----------------------------------------------------------------------------
+# OTTER (Wu et al., ICLR 2022): EMA teacher in the train state
+
+
+def otter_micro(total_steps, num_devices=1, use_unc=False):
+  c = micro('otter', total_steps, num_devices=num_devices, batch_size=16)
+  c.model.use_unc = use_unc
+  # A fast teacher, so a few steps move it measurably away from the student.
+  c.loss.otter.ema_decay = 0.8
+  c.checkpoint_every_steps = 1
+  c.keep_checkpoints = None
+  return c
+
+
+def _tree(workdir, step, item='params'):
+  tree, _ = checkpoint.load_params(workdir, step, item=item)
+  return jax.tree.map(np.asarray, tree)
+
+
+@pytest.fixture(scope='module')
+def otter_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('otter'))
+  c = otter_micro(3)
+  train.train_and_evaluate(c, workdir)
+  return c, workdir
+
+
+def test_otter_config_file_has_paper_settings():
+  c = load_config('otter_tiny')
+  assert c.objective == 'otter' and not c.model.use_unc
+  o = c.loss.otter
+  assert (o.alpha, o.lam, o.n_iter, o.gamma_v, o.gamma_t) == (0.5, 0.15, 5,
+                                                               1.0, 1.0)
+  assert o.eta >= 100
+  assert presets.base_config().loss.otter.ema_decay == 0.999  # paper
+
+
+@pytest.mark.slow
+def test_otter_teacher_is_the_ema_of_the_student(otter_run):
+  c, workdir = otter_run
+  decay = c.loss.otter.ema_decay
+  for step in (2, 3):
+    teacher_prev = _tree(workdir, step - 1, 'teacher')
+    student = _tree(workdir, step)
+    teacher = _tree(workdir, step, 'teacher')
+    expected = jax.tree.map(lambda t, s: decay * t + (1 - decay) * s,
+                            teacher_prev, student)
+    for got, want, s in zip(jax.tree.leaves(teacher),
+                            jax.tree.leaves(expected),
+                            jax.tree.leaves(student)):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    gap = max(float(np.abs(t - s).max()) for t, s in
+              zip(jax.tree.leaves(teacher), jax.tree.leaves(student)))
+    assert gap > 1e-4  # the teacher lags the student
+
+
+def _step_batch(c, workdir, step):
+  """The (images normalised, tokens) batch that training used at ``step``."""
+  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import sources  # pylint: disable=g-import-not-at-top
+  source, corpus = sources.train_source(c)
+  tokenizer = train.setup_tokenizer(c, workdir, corpus)
+  model_cfg = train.model_config_for(c, tokenizer)
+  ds = pipeline.train_dataset(
+      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
+      global_batch_size=c.batch_size, seed=c.seed,
+      augment=train.augment_config(c.data))
+  batch = ds[step]
+  images = train.normalize_images(batch['image'], c.data.mean, c.data.std)
+  return model_cfg, images, batch['tokens']
+
+
+def _otter_loss_by_hand(c, workdir, step):
+  """OTTER's loss at ``step`` (0-based) from the checkpointed student and
+  teacher of that step and the pure ``losses.otter_loss``."""
+  from prolip_jax import losses  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ProLIP  # pylint: disable=g-import-not-at-top
+  model_cfg, images, tokens = _step_batch(c, workdir, step)
+  model = ProLIP(model_cfg)
+
+  def embed(params):
+    img = model.apply({'params': params}, images, method='encode_image')
+    txt = model.apply({'params': params}, tokens, method='encode_text')
+    return img, txt
+
+  student = _tree(workdir, step)
+  (mu_i, lv_i), (mu_t, lv_t) = embed(student)
+  (tea_i, _), (tea_t, _) = embed(_tree(workdir, step, 'teacher'))
+  o = c.loss.otter
+  loss, _ = losses.otter_loss(
+      mu_i, mu_t, tea_i, tea_t, np.exp(student['logit_scale']), alpha=o.alpha,
+      lam=o.lam, n_iter=o.n_iter, gamma_v=o.gamma_v, gamma_t=o.gamma_t,
+      eta=o.eta, logvar_img=lv_i, logvar_txt=lv_t)
+  return float(loss)
+
+
+@pytest.mark.slow
+def test_otter_train_loss_is_the_otter_loss_of_student_and_teacher(otter_run):
+  c, workdir = otter_run
+  rows = {r: l for r, l in zip(range(1, 4), _losses(workdir))}
+  # Step k's logged loss uses the parameters after k - 1 updates and batch
+  # k - 1; the teacher of step 2 differs from the student.
+  for k in (2, 3):
+    np.testing.assert_allclose(rows[k], _otter_loss_by_hand(c, workdir, k - 1),
+                               rtol=2e-4)
+
+
+@pytest.mark.slow
+def test_otter_probabilistic_variant_uses_csd_logits(tmp_path):
+  c = otter_micro(2, use_unc=True)
+  train.train_and_evaluate(c, str(tmp_path))
+  loss = _losses(str(tmp_path))
+  np.testing.assert_allclose(loss[1], _otter_loss_by_hand(c, str(tmp_path), 1),
+                             rtol=2e-4)
+
+
+@pytest.mark.slow
+def test_otter_resume_restores_the_teacher(otter_run, tmp_path):
+  c, workdir = otter_run
+  train.train_and_evaluate(c, str(tmp_path), max_steps=2)
+  train.train_and_evaluate(c, str(tmp_path))
+  for item in ('params', 'teacher'):
+    for got, want in zip(jax.tree.leaves(_tree(str(tmp_path), 3, item)),
+                         jax.tree.leaves(_tree(workdir, 3, item))):
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_otter_sharded_matches_single_device(otter_run, tmp_path):
+  c, workdir = otter_run
+  four = otter_micro(3, num_devices=4)
+  train.train_and_evaluate(four, str(tmp_path))
+  np.testing.assert_allclose(_losses(str(tmp_path)), _losses(workdir),
+                             rtol=1e-4)
+  for item in ('params', 'teacher'):
+    ref = jax.tree_util.tree_flatten_with_path(_tree(workdir, 3, item))[0]
+    got = dict(jax.tree_util.tree_flatten_with_path(
+        _tree(str(tmp_path), 3, item))[0])
+    for path, want in ref:
+      name = jax.tree_util.keystr(path)
+      tol = dict(rtol=1e-4, atol=1e-5)
+      if "['attn']['k']['bias']" in name:  # zero-gradient parameter: Adam
+        tol = dict(rtol=0, atol=4e-3)      # normalises rounding noise
+      np.testing.assert_allclose(got[path], want, err_msg=name, **tol)

@@ -52,6 +52,7 @@ class TrainTransform(grain.transforms.RandomMap):
 
 
 def local_batch_size(global_batch_size: int, process_count: int) -> int:
+  """Rows each host reads per step; the global batch must divide evenly."""
   if global_batch_size % process_count:
     raise ValueError(f'batch_size {global_batch_size} is not divisible by the '
                      f'{process_count} processes')

@@ -51,6 +51,7 @@ class ModelConfig:
     return out
 
   def validate(self):
+    """Raises ValueError on an unknown dtype or inconsistent tower sizes."""
     if self.compute_dtype not in _DTYPES:
       raise ValueError(f'model.compute_dtype must be one of {list(_DTYPES)}, '
                        f'got {self.compute_dtype!r}')
@@ -65,10 +66,12 @@ class ModelConfig:
                        'model.vision.patch_size')
 
   def to_dict(self) -> dict[str, Any]:
+    """Plain nested dict (JSON-able; ``from_config`` reads it back)."""
     return dataclasses.asdict(self)
 
   @property
   def num_patches(self) -> int:
+    """Patch tokens per image, (image_size / patch_size)^2 (196 for B/16)."""
     return (self.vision.image_size // self.vision.patch_size)**2
 
 
@@ -130,4 +133,5 @@ def init_params(config: ModelConfig, rng: Array) -> dict[str, Any]:
 
 
 def count_params(tree) -> int:
+  """Total number of scalars in a parameter pytree."""
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))

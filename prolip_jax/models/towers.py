@@ -28,12 +28,16 @@ UNC_BIAS_INIT = -10.0
 
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+  """``x / max(||x||, eps)`` over the last axis, in float32."""
   x = x.astype(jnp.float32)
   return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
 
 
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
+  """ViT image tower: square images cut into ``patch_size`` patches, a
+  pre-LN transformer of ``layers`` blocks, ``width`` wide with ``heads``
+  heads and an MLP of ``mlp_ratio * width``. Defaults are ViT-B/16."""
   image_size: int = 224
   patch_size: int = 16
   width: int = 768
@@ -46,6 +50,9 @@ class VisionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
+  """Text transformer over token ids of at most ``context_length`` (the
+  [UNC]/[CLS] slots are extra); ``pad_id`` marks padding, which attention
+  ignores. Defaults are ProLIP B/16's 12 x 768 tower on SigLIP's vocabulary."""
   vocab_size: int = 32100
   context_length: int = 64
   width: int = 768
