@@ -257,24 +257,12 @@ def validate_config(config):
     raise ValueError('total_steps and batch_size must be positive')
   if not 0 < config.masking.image_keep_ratio <= 1:
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
-  num_views = config.data.get('num_views', 1)
   if config.objective in objectives.MULTI_VIEW:
-    if config.model.use_unc:
-      raise ValueError(f'objective {config.objective!r} is deterministic (its '
-                       'heads take the tower means; [UNC] would get no '
-                       'gradient): set model.use_unc=False')
-    if num_views < 2:
-      raise ValueError(f'objective {config.objective!r} needs '
-                       'data.num_views >= 2 augmented views per image (its '
-                       f'image-image positives; paper: 3), got {num_views}')
-    uniclip_train.settings(config)  # unknown config.uniclip keys
-    uniclip_train.resolve_weights(config.loss.get('mp_nce_weights',
-                                                  'balanced'), num_views)
-  elif num_views != 1:
-    raise ValueError(f'data.num_views={num_views} but objective '
+    uniclip_train.validate_config(config)
+  elif config.data.get('num_views', 1) != 1:
+    raise ValueError(f'data.num_views={config.data.num_views} but objective '
                      f'{config.objective!r} takes one view per image; '
                      f'multi-view objectives: {objectives.MULTI_VIEW}')
-
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
                             mesh, extra_params: Optional[Callable] = None
@@ -399,10 +387,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   root_rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(root_rng)
-  extra = None
-  if config.objective == 'uniclip':
-    extra = lambda rng: {uniclip_train.PARAMS_KEY: uniclip_train.init_params(
-        config, model_cfg, rng)}
+  extra = (uniclip_train.extra_params(config, model_cfg)
+           if config.objective == 'uniclip' else None)
   init_state, state_shardings = train_state_initializer(model, tx, mesh,
                                                         extra)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,

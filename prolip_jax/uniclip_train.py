@@ -65,6 +65,21 @@ def settings(config) -> dict[str, Any]:
   return dict(DEFAULTS, **given)
 
 
+def validate_config(config):
+  """Clear errors for UniCLIP settings that cannot train."""
+  if config.model.use_unc:
+    raise ValueError(f'objective {config.objective!r} is deterministic (its '
+                     'heads take the tower means; [UNC] would get no '
+                     'gradient): set model.use_unc=False')
+  num_views = config.data.get('num_views', 1)
+  if num_views < 2:
+    raise ValueError(f'objective {config.objective!r} needs '
+                     'data.num_views >= 2 augmented views per image (its '
+                     f'image-image positives; paper: 3), got {num_views}')
+  settings(config)  # unknown config.uniclip keys
+  resolve_weights(config.loss.get('mp_nce_weights', 'balanced'), num_views)
+
+
 def make_heads(config, model_cfg
                ) -> tuple[heads_lib.AugAwareImageHead, heads_lib.TextHead]:
   """(g_I, g_T) of section 2.1 for this run."""
@@ -89,6 +104,12 @@ def init_params(config, model_cfg, rng: Array) -> dict[str, Any]:
       image_head=image_head.init(r_img, h, aug)['params'],
       text_head=text_head.init(r_txt, h)['params'],
       **uniclip_loss.init_uniclip_params(s['init_tau'], s['init_offset']))
+
+
+def extra_params(config, model_cfg) -> Callable[[Array], dict[str, Any]]:
+  """``rng -> {'uniclip': init_params(...)}`` for
+  ``train.train_state_initializer``."""
+  return lambda rng: {PARAMS_KEY: init_params(config, model_cfg, rng)}
 
 
 def domain_scalars(uparams, min_tau: float) -> tuple[Array, Array]:
