@@ -184,6 +184,13 @@ def zero_shot_digits(model, params, tokenizer, config) -> dict[str, float]:
   def enc_txt(t):
     return model.apply({'params': params}, t, method='encode_text')
 
+  if config.objective == 'uniclip':
+    # Only UniCLIP's head outputs share a space: evaluate through the heads,
+    # images as un-augmented views (identity augmentation vector).
+    from prolip_jax import uniclip_train  # pylint: disable=g-import-not-at-top
+    enc_img, enc_txt = uniclip_train.eval_encoders(model, params, config,
+                                                   train.normalize_images)
+
   bs = config.eval.batch_size
   img = embed_in_batches(enc_img, images, bs)
   prompts = [t.format(n) for n in digits.CLASS_NAMES

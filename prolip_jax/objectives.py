@@ -3,6 +3,10 @@
 An objective maps the embeddings of one step to ``(loss, metrics)``. When the
 batch is split over several devices it runs inside ``shard_map`` with the
 blockwise (ring) losses, so no device ever holds the global B x B logits.
+
+UniCLIP ('uniclip') is the exception to the common signature: its loss is over
+head embeddings of V views and the captions (``uniclip_train`` builds them),
+``f(z_views (b, V, E), z_txt (b, E), temperatures (3,), offsets (3,))``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from prolip_jax import losses
 from prolip_jax import sharding as shd
 
-OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter')
+OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter', 'uniclip')
 # Objectives over Gaussian embeddings: they need model.use_unc=True.
 PROBABILISTIC = ('prolip', 'pcme')
 # Objectives that also embed masked copies of some samples (eq. 6's
@@ -23,6 +27,9 @@ PROBABILISTIC = ('prolip', 'pcme')
 MASKED = ('prolip',)
 # Objectives distilling from an EMA teacher kept in the train state.
 TEACHER = ('otter',)
+# Objectives over several augmented views per image (data.num_views >= 2),
+# with their own heads and parameters in params[<name>].
+MULTI_VIEW = ('uniclip',)
 
 
 def _loss_kwargs(loss_cfg) -> dict[str, Any]:
@@ -108,6 +115,8 @@ def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
       return losses.otter_loss_blockwise(img.mu, txt.mu, img_t.mu, txt_t.mu,
                                          scale, axis_name, **kwargs, **lv)
     return otter
+  if name == 'uniclip':
+    return _uniclip_objective(loss_cfg, axis_name)
   raise ValueError(f'unknown objective {name!r}; have {OBJECTIVES}')
 
 
@@ -118,6 +127,29 @@ def otter_kwargs(loss_cfg) -> dict[str, Any]:
               gamma_t=o.gamma_t, eta=o.eta)
 
 
+def _uniclip_objective(loss_cfg, axis_name):
+  """MP-NCE (UniCLIP eq. 12) with eq. 16's domain scores over head outputs.
+
+  ``f(z_views (b, V, E), z_txt (b, E), temperatures (3,), offsets (3,))``;
+  views are batch-major like every other batch array (so they shard along
+  axis 0) and turned view-major, as ``mp_nce_loss`` wants, here. With
+  ``axis_name`` the arrays are local shards and the loss is the global one
+  (``mp_nce_loss_sharded``: local anchors against all-gathered candidates).
+  """
+  from prolip_jax import uniclip_train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.losses import uniclip  # pylint: disable=g-import-not-at-top
+  mode = loss_cfg.get('mp_nce_weights', 'balanced')
+
+  def mp_nce(z_views, z_txt, temperatures, offsets):
+    views = z_views.transpose(1, 0, 2)  # (V, b, E)
+    weights = uniclip_train.resolve_weights(mode, views.shape[0])
+    if axis_name is None:
+      return uniclip.mp_nce_loss(views, z_txt, temperatures, offsets, weights)
+    return uniclip.mp_nce_loss_sharded(views, z_txt, temperatures, offsets,
+                                       axis_name, weights)
+  return mp_nce
+
+
 def objective(name: str, loss_cfg, mesh) -> Callable[..., tuple[jax.Array,
                                                                  dict]]:
   """The objective over global (sharded) arrays for ``mesh``."""
@@ -125,6 +157,9 @@ def objective(name: str, loss_cfg, mesh) -> Callable[..., tuple[jax.Array,
     return local_objective(name, loss_cfg)
   fn = local_objective(name, loss_cfg, axis_name=shd.BATCH_AXES)
   batch = P(shd.BATCH_AXES)
+  if name == 'uniclip':  # (z_views, z_txt, temperatures, offsets)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(batch, batch, P(), P()),
+                         out_specs=P())
   # in_specs are pytree prefixes: every array of img/txt (and masked copies)
   # is split along its batch dimension; scale and bias are replicated.
   return jax.shard_map(fn, mesh=mesh,

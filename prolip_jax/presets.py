@@ -81,6 +81,9 @@ def base_config() -> ml_collections.ConfigDict:
       'jitter': (0.32, 0.32, 0.32, 0.08),
       'jitter_prob': 0.8,
       'grayscale_prob': 0.2,
+      # Augmented views per image; > 1 only for multi-view objectives
+      # (objectives.MULTI_VIEW: UniCLIP).
+      'num_views': 1,
       'num_workers': 0,
       'num_threads': 2,
       # data.name == 'array_record': a glob (or brace pattern) of shards.
@@ -108,8 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
 def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   """The CPU demo on the bundled MNIST digits, for any objective.
 
-  Deterministic objectives ('siglip', 'clip', 'otter') get towers without
-  [UNC]; set ``model.use_unc`` for OTTER's probabilistic (CSD-logit) variant.
+  Deterministic objectives ('siglip', 'clip', 'otter', 'uniclip') get
+  towers without [UNC]; set ``model.use_unc`` for OTTER's probabilistic
+  (CSD-logit) variant.
   """
   c = base_config()
   c.objective = objective
@@ -138,4 +142,24 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   c.log_every_steps = 25
   c.checkpoint_every_steps = 200
   c.eval.every_steps = 300
+  if objective == 'uniclip':
+    _uniclip_settings(c)
   return c
+
+
+def _uniclip_settings(c: ml_collections.ConfigDict):
+  """UniCLIP on the digits: 3 views per image, heads of section 2.1."""
+  c.data.num_views = 3  # the paper's positive group: 3 views + 1 caption
+  # Views must differ (image-image positives) and the head must see how:
+  # crops and, since grey digits have no colour, brightness/contrast jitter
+  # only (saturation/hue factors stay at identity).
+  c.data.crop_scale = (0.6, 1.0)
+  c.data.jitter = (0.4, 0.4, 0.0, 0.0)
+  c.data.jitter_prob = 0.8
+  c.loss.mp_nce_weights = 'balanced'  # (1/V^2, 1/(2V), 1): eq. 12's w_D
+  c.uniclip = ml_collections.ConfigDict({
+      'embed_dim': 0,  # 0: model.embed_dim
+      'num_blocks': 3, 'mlp_ratio': 2.0,  # image head: 3 residual blocks
+      'aug_features': 64, 'aug_hidden': 64,  # f_A
+      'use_aug': True,
+      'init_tau': 0.07, 'init_offset': 0.0})  # eq. 16 starts as eq. 13

@@ -32,6 +32,7 @@ from prolip_jax import evaluate
 from prolip_jax import losses
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
+from prolip_jax import uniclip_train
 from prolip_jax.data import pipeline
 from prolip_jax.data import records
 from prolip_jax.data import sources
@@ -185,6 +186,10 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                    **gaussian_stats(img, txt))
     return loss, metrics
 
+  if config.objective == 'uniclip':  # V views through heads: its own loss
+    loss_fn = uniclip_train.make_loss_fn(model, config, objective,
+                                         normalize_images)
+
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
     grads, metrics = jax.grad(loss_fn, has_aux=True)(
@@ -266,16 +271,24 @@ def validate_config(config):
     raise ValueError('total_steps and batch_size must be positive')
   if not 0 < config.masking.image_keep_ratio <= 1:
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
-
+  if config.objective in objectives.MULTI_VIEW:
+    uniclip_train.validate_config(config)
+  elif config.data.get('num_views', 1) != 1:
+    raise ValueError(f'data.num_views={config.data.num_views} but objective '
+                     f'{config.objective!r} takes one view per image; '
+                     f'multi-view objectives: {objectives.MULTI_VIEW}')
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
-                            mesh, with_teacher: bool = False
+                            mesh, with_teacher: bool = False,
+                            extra_params: Optional[Callable] = None
                             ) -> tuple[Callable, TrainState]:
   """A jitted ``rng -> TrainState`` creating every array with its sharding.
 
   Parameters and optimizer state follow the FSDP rule of ``sharding.py``; no
   device ever holds an unsharded copy. Also returns the state's shardings.
   ``with_teacher``: add an EMA teacher (OTTER) starting equal to the student.
+  ``extra_params(rng) -> {key: subtree}`` adds an objective's own parameters
+  (UniCLIP's heads) next to the model's, to be trained and saved with them.
   """
   model_cfg = model.config
 
@@ -284,6 +297,8 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
     params = model.init(
         rng, jnp.zeros((1, size, size, 3), jnp.float32),
         jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
+    if extra_params is not None:
+      params = dict(params, **extra_params(jax.random.fold_in(rng, 1)))
     teacher = params if with_teacher else None
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
                       teacher)
@@ -386,13 +401,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
       global_batch_size=config.batch_size, seed=config.seed,
       augment=augment_config(config.data),
+      num_views=config.data.get('num_views', 1),
       process_index=jax.process_index(), process_count=jax.process_count())
 
   root_rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(root_rng)
   with_teacher = config.objective in objectives.TEACHER
-  init_state, state_shardings = train_state_initializer(model, tx, mesh,
-                                                        with_teacher)
+  extra = (uniclip_train.extra_params(config, model_cfg)
+           if config.objective == 'uniclip' else None)
+  init_state, state_shardings = train_state_initializer(
+      model, tx, mesh, with_teacher=with_teacher, extra_params=extra)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
   start = mngr.latest_step()

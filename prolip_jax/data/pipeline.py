@@ -36,18 +36,35 @@ def _caption(record: dict, rng: Optional[np.random.Generator]) -> str:
 
 
 class TrainTransform(grain.transforms.RandomMap):
-  """Record -> ``{'image': (s, s, 3) uint8, 'tokens': (L,) int32, 'aug'}``."""
+  """Record -> ``{'image': (s, s, 3) uint8, 'tokens': (L,) int32, 'aug'}``.
+
+  ``aug`` is the view's ``(AUG_DIM,)`` augmentation vector. With
+  ``num_views = V > 1`` (multi-view objectives: UniCLIP), the record gives V
+  independently augmented views of its image: ``image (V, s, s, 3)`` and
+  ``aug (V, AUG_DIM)``, one caption.
+  """
 
   def __init__(self, tokenizer: Tokenizer, image_size: int,
-               augment: transforms.AugmentConfig):
+               augment: transforms.AugmentConfig, num_views: int = 1):
+    if num_views < 1:
+      raise ValueError(f'num_views must be >= 1, got {num_views}')
     self.tokenizer = tokenizer
     self.image_size = image_size
     self.augment = augment
+    self.num_views = num_views
 
   def random_map(self, element, rng: np.random.Generator):
-    image, aug = transforms.train_view(decode_image(element['image']),
-                                       self.image_size, rng, self.augment)
+    image = decode_image(element['image'])
+    # Views draw from the one per-element RNG in turn, then the caption: for
+    # V = 1 the draws (and the output) are exactly the single-view ones.
+    views = [transforms.train_view(image, self.image_size, rng, self.augment)
+             for _ in range(self.num_views)]
     tokens = self.tokenizer(_caption(element, rng))[0]
+    if self.num_views == 1:
+      image, aug = views[0]
+    else:
+      image = np.stack([img for img, _ in views])
+      aug = np.stack([a for _, a in views])
     return {'image': image, 'tokens': tokens, 'aug': aug}
 
 
@@ -62,8 +79,8 @@ def local_batch_size(global_batch_size: int, process_count: int) -> int:
 def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
                   image_size: int, global_batch_size: int, seed: int,
                   augment: transforms.AugmentConfig = transforms.AugmentConfig(),
-                  process_index: int = 0, process_count: int = 1
-                  ) -> grain.MapDataset:
+                  process_index: int = 0, process_count: int = 1,
+                  num_views: int = 1) -> grain.MapDataset:
   """Infinite dataset of local batches; element ``i`` is step ``i``'s batch.
 
   The global batch of step i is elements ``[i*B, (i+1)*B)`` of one shuffled
@@ -72,7 +89,8 @@ def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
   depend on how many hosts read it, hosts never read the same record in an
   epoch, and each host decodes only its own rows (Grain datasets are lazy).
   Augmentation draws from a per-element RNG derived from ``seed``, so any
-  element can be recomputed exactly.
+  element can be recomputed exactly. ``num_views > 1``: ``image`` is
+  ``(b, V, s, s, 3)`` and ``aug`` ``(b, V, AUG_DIM)`` (see ``TrainTransform``).
   """
   if len(source) < global_batch_size:
     raise ValueError(f'the dataset has {len(source)} records, fewer than one '
@@ -82,7 +100,8 @@ def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
                      f'{process_count})')
   local = local_batch_size(global_batch_size, process_count)
   ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
-  ds = ds.random_map(TrainTransform(tokenizer, image_size, augment))
+  ds = ds.random_map(TrainTransform(tokenizer, image_size, augment,
+                                    num_views))
   return ds.batch(local, drop_remainder=True)[process_index::process_count]
 
 

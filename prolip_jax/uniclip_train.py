@@ -1,0 +1,290 @@
+"""UniCLIP training on the ProLIP towers: heads, parameters, loss, eval.
+
+Lee et al., "UniCLIP: Unified Framework for Contrastive Language-Image
+Pre-training" (NeurIPS 2022); the loss itself is ``losses.uniclip``.
+
+One step, for a batch of N pairs with V augmented views per image:
+
+1. The (augmentation-agnostic) encoders are the deterministic ProLIP towers:
+   h_img = f_I(A_v(x)) for every view, h_txt = f_T(t), each ``(., D)``
+   (the L2-normalised [CLS] projection, ``mu``; section 2.1).
+2. The heads map them into ONE space: z_img = g_I(h_img, f_A(a_v)) with the
+   11-number augmentation vector a_v of the view (augmentation-aware head,
+   section 2.1), z_txt = g_T(h_txt) (linear).
+3. MP-NCE (eq. 12) over all (V + 1) N embeddings with the domain-dependent
+   scores of eq. 16: learnable tau_D, b_D for D in (II, IT, TT).
+
+Everything UniCLIP adds lives in ``params['uniclip']`` = ``{'image_head',
+'text_head', 'log_tau', 'offset'}``, so the optimizer, the FSDP shardings and
+the checkpoints treat it like the towers. ProLIP's own ``logit_scale`` and
+``logit_bias`` are carried along unused.
+
+Settings come from ``config.uniclip`` (all optional, see ``DEFAULTS``), the
+view count from ``config.data.num_views`` and the domain weights from
+``config.loss.mp_nce_weights``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prolip_jax.data import transforms
+from prolip_jax.losses import uniclip as uniclip_loss
+from prolip_jax.models import heads as heads_lib
+
+Array = jax.Array
+
+PARAMS_KEY = 'uniclip'
+
+# config.uniclip defaults. embed_dim 0: the towers' embed_dim. The paper gives
+# neither widths nor inits: three residual blocks (Table 4a), CLIP's 0.07.
+DEFAULTS = {
+    'embed_dim': 0,
+    'num_blocks': 3,
+    'mlp_ratio': 2.0,
+    'aug_features': 128,
+    'aug_hidden': 128,
+    'use_aug': True,
+    'init_tau': uniclip_loss.UNICLIP_TAU_INIT,
+    'init_offset': uniclip_loss.UNICLIP_OFFSET_INIT,
+}
+
+
+def settings(config) -> dict[str, Any]:
+  """``DEFAULTS`` updated with ``config.uniclip`` (which may be absent)."""
+  given = config.get('uniclip', None)
+  given = {} if given is None else dict(given)
+  unknown = sorted(set(given) - set(DEFAULTS))
+  if unknown:
+    raise ValueError(f'unknown uniclip config keys {unknown}; known: '
+                     f'{sorted(DEFAULTS)}')
+  return dict(DEFAULTS, **given)
+
+
+def validate_config(config):
+  """Clear errors for UniCLIP settings that cannot train."""
+  if config.model.use_unc:
+    raise ValueError(f'objective {config.objective!r} is deterministic (its '
+                     'heads take the tower means; [UNC] would get no '
+                     'gradient): set model.use_unc=False')
+  num_views = config.data.get('num_views', 1)
+  if num_views < 2:
+    raise ValueError(f'objective {config.objective!r} needs '
+                     'data.num_views >= 2 augmented views per image (its '
+                     f'image-image positives; paper: 3), got {num_views}')
+  settings(config)  # unknown config.uniclip keys
+  resolve_weights(config.loss.get('mp_nce_weights', 'balanced'), num_views)
+
+
+def make_heads(config, model_cfg
+               ) -> tuple[heads_lib.AugAwareImageHead, heads_lib.TextHead]:
+  """(g_I, g_T) of section 2.1 for this run."""
+  s = settings(config)
+  dim = s['embed_dim'] or model_cfg.embed_dim
+  image_head = heads_lib.AugAwareImageHead(
+      dim, num_blocks=s['num_blocks'], mlp_ratio=s['mlp_ratio'],
+      aug_features=s['aug_features'], aug_hidden=s['aug_hidden'],
+      use_aug=s['use_aug'])
+  return image_head, heads_lib.TextHead(dim)
+
+
+def init_params(config, model_cfg, rng: Array) -> dict[str, Any]:
+  """``params['uniclip']``: both heads and the eq. 16 scalars (each ``(3,)``,
+  order II, IT, TT; tau stored as log tau so it stays positive)."""
+  image_head, text_head = make_heads(config, model_cfg)
+  s = settings(config)
+  r_img, r_txt = jax.random.split(rng)
+  h = jnp.zeros((1, model_cfg.embed_dim), jnp.float32)
+  aug = jnp.zeros((1, transforms.AUG_DIM), jnp.float32)
+  return dict(
+      image_head=image_head.init(r_img, h, aug)['params'],
+      text_head=text_head.init(r_txt, h)['params'],
+      **uniclip_loss.init_uniclip_params(s['init_tau'], s['init_offset']))
+
+
+def extra_params(config, model_cfg) -> Callable[[Array], dict[str, Any]]:
+  """``rng -> {'uniclip': init_params(...)}`` for
+  ``train.train_state_initializer``."""
+  return lambda rng: {PARAMS_KEY: init_params(config, model_cfg, rng)}
+
+
+def domain_scalars(uparams, min_tau: float) -> tuple[Array, Array]:
+  """``(temperatures (3,), offsets (3,))`` of eq. 16 with tau >= ``min_tau``.
+
+  The floor plays the role of CLIP's clamp of the logit scale at 100: a tau
+  that runs to zero makes every logit explode. ``jnp.maximum`` stops the
+  gradient below the floor, so log tau stops moving down there.
+  """
+  tau, offset = uniclip_loss.uniclip_scalars(uparams)
+  return jnp.maximum(tau, min_tau), offset
+
+
+def resolve_weights(mode, num_views: int):
+  """``config.loss.mp_nce_weights`` -> the ``weights`` of ``mp_nce_loss``.
+
+  'balanced': (1/V^2, 1/(2V), 1), each domain pair contributing equally
+  (eq. 12's w_D; the paper's (1/9, 1/6, 1) at V = 3); 'uniform': all ones
+  (eq. 11); or an explicit (w_II, w_IT, w_TT).
+  """
+  if isinstance(mode, str):
+    if mode == 'balanced':
+      return uniclip_loss.default_weights(num_views)
+    if mode == 'uniform':
+      return None
+    raise ValueError("loss.mp_nce_weights must be 'balanced', 'uniform' or "
+                     f'three numbers, got {mode!r}')
+  weights = tuple(float(w) for w in mode)
+  if len(weights) != 3:
+    raise ValueError(f'loss.mp_nce_weights needs 3 numbers (II, IT, TT), got '
+                     f'{mode!r}')
+  return weights
+
+
+def embed(model, params, config, images: Array, aug: Array, tokens: Array
+          ) -> tuple[Array, Array]:
+  """Head embeddings of V views and of the captions.
+
+  Args:
+    model: the ``ProLIP`` module (deterministic towers).
+    params: the full parameter tree, with ``params['uniclip']``.
+    config: the run config.
+    images: ``(b, V, s, s, 3)`` normalised float images.
+    aug: ``(b, V, AUG_DIM)`` augmentation vectors of the views.
+    tokens: ``(b, L)`` token ids.
+
+  Returns:
+    ``z_views (b, V, E)`` and ``z_txt (b, E)``, not normalised (eq. 16 takes
+    cosines).
+  """
+  z_views = embed_images(model, params, config, images, aug)
+  h_txt, _ = model.apply({'params': params}, tokens, method='encode_text')
+  _, text_head = make_heads(config, model.config)
+  z_txt = text_head.apply({'params': params[PARAMS_KEY]['text_head']}, h_txt)
+  return z_views, z_txt
+
+
+def embed_images(model, params, config, images: Array, aug: Array) -> Array:
+  """``(b, V, s, s, 3)`` normalised views + ``(b, V, AUG_DIM)`` -> z ``(b, V, E)``.
+
+  The views go through the tower as one batch of b * V images: the batch
+  dimension stays leading, so a batch-sharded array keeps each device's rows
+  (and all their views) on that device.
+  """
+  b, v = images.shape[:2]
+  h, _ = model.apply({'params': params},
+                     images.reshape(b * v, *images.shape[2:]),
+                     method='encode_image')
+  image_head, _ = make_heads(config, model.config)
+  z = image_head.apply({'params': params[PARAMS_KEY]['image_head']}, h,
+                       aug.reshape(b * v, -1).astype(jnp.float32))
+  return z.reshape(b, v, -1)
+
+
+def make_loss_fn(model, config, objective: Callable, normalize: Callable
+                 ) -> Callable:
+  """``loss_fn(params, teacher, batch, rng) -> (loss, metrics)``, train step.
+
+  Args:
+    model: the ``ProLIP`` module.
+    config: the run config (``data.num_views`` views per sample).
+    objective: ``objectives.objective('uniclip', ...)``, dense or sharded.
+    normalize: ``train.normalize_images``-style ``uint8 -> float``.
+
+  ``batch`` holds ``image (B, V, s, s, 3)`` uint8, ``aug (B, V, AUG_DIM)`` and
+  ``tokens (B, L)``. Metrics: the loss, its three domain-pair parts, tau_D and
+  b_D, and, for the log line, ``scale`` = 1 / tau_IT and ``bias`` = b_IT
+  (the image-text analogues of ProLIP's a and b).
+  """
+  min_tau = 1.0 / config.optim.max_logit_scale
+
+  def loss_fn(params, teacher, batch, rng):
+    # Nothing random on device (the views come from the pipeline), no teacher.
+    del teacher, rng
+    images = normalize(batch['image'], config.data.mean, config.data.std)
+    z_views, z_txt = embed(model, params, config, images, batch['aug'],
+                           batch['tokens'])
+    tau, offset = domain_scalars(params[PARAMS_KEY], min_tau)
+    loss, metrics = objective(z_views, z_txt, tau, offset)
+    for k, name in enumerate(('ii', 'it', 'tt')):
+      metrics[f'tau_{name}'] = tau[k]
+      metrics[f'offset_{name}'] = offset[k]
+    metrics['scale'] = 1.0 / tau[uniclip_loss.IT]
+    metrics['bias'] = offset[uniclip_loss.IT]
+    return loss, metrics
+
+  return loss_fn
+
+
+def eval_encoders(model, params, config, normalize: Callable
+                  ) -> tuple[Callable, Callable]:
+  """``(enc_img, enc_txt)`` into the shared space, for zero-shot eval.
+
+  The tower features h are not comparable across modalities here (only the
+  head outputs are trained to match), so evaluation goes through the heads,
+  the image head fed ``identity_aug_vector()`` (an un-augmented view, as the
+  eval transform gives). ``enc_img(uint8 (n, s, s, 3))`` and
+  ``enc_txt(tokens (n, L))`` return ``(unit z (n, E), None)``, the
+  ``encode_*`` convention of a deterministic model.
+  """
+  identity = jnp.asarray(transforms.identity_aug_vector())
+  unit = lambda z: z / jnp.linalg.norm(z, axis=-1, keepdims=True)
+
+  @jax.jit
+  def enc_img(x):
+    x = normalize(x, config.data.mean, config.data.std)[:, None]
+    aug = jnp.broadcast_to(identity, (x.shape[0], 1, identity.shape[0]))
+    return unit(embed_images(model, params, config, x, aug)[:, 0]), None
+
+  @jax.jit
+  def enc_txt(tokens):
+    h, _ = model.apply({'params': params}, tokens, method='encode_text')
+    _, text_head = make_heads(config, model.config)
+    z = text_head.apply({'params': params[PARAMS_KEY]['text_head']}, h)
+    return unit(z), None
+
+  return enc_img, enc_txt
+
+
+def mean_scores(z_views: np.ndarray, z_txt: np.ndarray, temperatures,
+                offsets) -> dict[str, float]:
+  """Diagnostics of eq. 16's log-scores on one batch (numbers for tests/logs).
+
+  For every anchor: its mean log-score to its positives (other views of its
+  image, and image <-> caption) and to its negatives, per domain pair.
+  Returns ``{'pos_ii', 'neg_ii', 'pos_it', 'neg_it', 'above_ii',
+  'above_it', 'margin_min', 'margin_mean'}``: the margins are (positive - the
+  anchor's mean negative of the same domain pair) over all positive pairs
+  i != j, smallest and mean, ``above_*`` the fraction of them above zero;
+  training drives them up.
+  """
+  z_views = np.asarray(z_views, np.float32)  # (b, V, E)
+  b, v, e = z_views.shape
+  z = np.concatenate([z_views.reshape(b * v, e), np.asarray(z_txt)], 0)
+  domains = np.concatenate([np.zeros(b * v, np.int32), np.ones(b, np.int32)])
+  ids = np.concatenate([np.repeat(np.arange(b), v), np.arange(b)])
+  logits = np.asarray(uniclip_loss.domain_logits(z, domains, temperatures,
+                                                 offsets))
+  pair = domains[:, None] + domains[None, :]
+  same = ids[:, None] == ids[None, :]
+  off_diag = ~np.eye(len(z), dtype=bool)
+  out = {}
+  margins = []
+  for k, name in ((0, 'ii'), (1, 'it')):
+    pos = same & off_diag & (pair == k)
+    neg = ~same & (pair == k)
+    out[f'pos_{name}'] = float(logits[pos].mean())
+    out[f'neg_{name}'] = float(logits[neg].mean())
+    # Per anchor row: each positive against the row's mean negative.
+    row_neg = np.where(neg, logits, 0).sum(1) / np.maximum(neg.sum(1), 1)
+    rows, cols = np.nonzero(pos)
+    margin = logits[rows, cols] - row_neg[rows]
+    out[f'above_{name}'] = float(np.mean(margin > 0))
+    margins.append(margin)
+  margins = np.concatenate(margins)
+  out['margin_min'] = float(margins.min())
+  out['margin_mean'] = float(margins.mean())
+  return out
