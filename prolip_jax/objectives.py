@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 from prolip_jax import losses
 from prolip_jax import sharding as shd
 
-OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter', 'uniclip')
+OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter', 'uniclip',
+              'pcclip')
 # Objectives over Gaussian embeddings: they need model.use_unc=True.
 PROBABILISTIC = ('prolip', 'pcme')
 # Objectives that also embed masked copies of some samples (eq. 6's
@@ -30,6 +31,12 @@ TEACHER = ('otter',)
 # Objectives over several augmented views per image (data.num_views >= 2),
 # with their own heads and parameters in params[<name>].
 MULTI_VIEW = ('uniclip',)
+# Objectives that also embed a batch of image pairs and difference texts
+# (``data.pairs``) and add a term over them (``add_pair_loss``).
+PAIRED = ('pcclip',)
+# Fields of config.loss that PC-CLIP reads.
+PCCLIP_LOSS_FIELDS = ('pcclip_weight', 'pcclip_tau', 'pcclip_squared',
+                      'pcclip_max_phrases')
 
 
 def _loss_kwargs(loss_cfg) -> dict[str, Any]:
@@ -66,13 +73,21 @@ def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
                                                axis_name)
       return loss, {'loss': loss, 'siglip': loss}
     return siglip
-  if name == 'clip':
-    if axis_name is not None:
+  if name in ('clip', 'pcclip'):
+    if axis_name is not None and name == 'pcclip':
       raise NotImplementedError(
-          "objective 'clip' is single-device only for now: its softmax needs "
-          'the global column sums; use a mesh of one device or siglip')
+          "objective 'pcclip' is single-device only for now: its difference "
+          'term runs outside the sharded loss; use a mesh of one device '
+          '(mesh.num_devices=1, mesh.data=1, mesh.fsdp=1)')
+
     def clip(img, txt, scale, bias, *_):
-      loss = losses.clip_loss(img.mu, txt.mu, scale)
+      del bias
+      # For 'pcclip' this is the image-caption half; ``add_pair_loss`` adds
+      # the difference term.
+      if axis_name is None:
+        loss = losses.clip_loss(img.mu, txt.mu, scale)
+      else:
+        loss = losses.clip_loss_blockwise(img.mu, txt.mu, scale, axis_name)
       return loss, {'loss': loss, 'clip': loss}
     return clip
   if name == 'pcme':
@@ -148,6 +163,75 @@ def _uniclip_objective(loss_cfg, axis_name):
     return uniclip.mp_nce_loss_sharded(views, z_txt, temperatures, offsets,
                                        axis_name, weights)
   return mp_nce
+
+
+def validate_pcclip_config(config):
+  """Clear errors for a PC-CLIP config (called by ``train.validate_config``)."""
+  if config.model.use_unc:
+    raise ValueError("objective 'pcclip' uses deterministic towers: set "
+                     'model.use_unc=False (see configs/pcclip_tiny.py)')
+  missing = [k for k in PCCLIP_LOSS_FIELDS if k not in config.loss]
+  if missing:
+    raise ValueError(f"objective 'pcclip' needs config.loss.{missing[0]} "
+                     f'(all of {PCCLIP_LOSS_FIELDS}; defaults in '
+                     "presets.tiny_demo_config('pcclip'))")
+  if config.loss.pcclip_weight < 0:
+    raise ValueError('loss.pcclip_weight must be >= 0, got '
+                     f'{config.loss.pcclip_weight}')
+  if config.loss.pcclip_tau <= 0:
+    raise ValueError('loss.pcclip_tau must be > 0 (the paper uses 1.0), got '
+                     f'{config.loss.pcclip_tau}')
+  if int(config.loss.pcclip_max_phrases) < 0:
+    raise ValueError('loss.pcclip_max_phrases must be >= 0 (0: every '
+                     f'difference), got {config.loss.pcclip_max_phrases}')
+  if config.data.name != 'digits':
+    raise ValueError("objective 'pcclip' builds its difference pairs from "
+                     "per-record attributes, which only data.name='digits' "
+                     f'has for now (got {config.data.name!r})')
+
+
+def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
+                     batch: dict, loss_cfg) -> tuple[jax.Array, dict]:
+  """PC-CLIP's difference term (eq. 1 with eq. 4, or eq. 5) on a pair batch.
+
+  Args:
+    encode_image: uint8 ``(n, s, s, 3)`` images -> ``(n, d)`` normalised
+      embeddings g(I).
+    encode_text: ``(n, L)`` tokens -> ``(n, d)`` normalised embeddings f(T).
+    batch: with ``pair_image_i``, ``pair_image_j`` ``(B, s, s, 3)`` and
+      ``pair_tokens`` ``(B, L)`` (``data.pairs``).
+    loss_cfg: ``pcclip_tau`` (1/scale of eq. 4) and ``pcclip_squared``.
+
+  Returns:
+    the unweighted term (scalar) and ``{'pcclip_diff': term,
+    'pcclip_diff_acc': ...}``; the accuracy is eq. 2 with T = T_ij itself (a
+    cheap training-time signal, chance 50%).
+  """
+  b = batch['pair_image_i'].shape[0]
+  # One image forward pass for both sides of the pairs.
+  g = encode_image(jax.numpy.concatenate([batch['pair_image_i'],
+                                          batch['pair_image_j']]))
+  g_i, g_j = g[:b], g[b:]
+  f = encode_text(batch['pair_tokens'])
+  term = losses.difference_alignment_loss(
+      g_i, g_j, f, scale=1.0 / loss_cfg.pcclip_tau,
+      squared=bool(loss_cfg.pcclip_squared))
+  acc = jax.numpy.mean(losses.difference_classify(g_i, g_j, f))
+  return term, {'pcclip_diff': term, 'pcclip_diff_acc': acc}
+
+
+def add_pair_loss(name: str, loss_cfg, loss: jax.Array, metrics: dict,
+                  encode_image: Callable, encode_text: Callable,
+                  batch: dict) -> tuple[jax.Array, dict]:
+  """Adds a ``PAIRED`` objective's pair term to the image-text loss.
+
+  PC-CLIP: loss = CLIP(img, txt) + loss.pcclip_weight * eq. 1's term.
+  """
+  if name != 'pcclip':
+    raise ValueError(f'objective {name!r} has no pair term; have {PAIRED}')
+  term, extra = pcclip_pair_loss(encode_image, encode_text, batch, loss_cfg)
+  loss = loss + loss_cfg.pcclip_weight * term
+  return loss, dict(metrics, **extra, loss=loss)
 
 
 def objective(name: str, loss_cfg, mesh) -> Callable[..., tuple[jax.Array,

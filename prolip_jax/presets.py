@@ -111,15 +111,27 @@ def base_config() -> ml_collections.ConfigDict:
 def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   """The CPU demo on the bundled MNIST digits, for any objective.
 
-  Deterministic objectives ('siglip', 'clip', 'otter', 'uniclip') get
-  towers without [UNC]; set ``model.use_unc`` for OTTER's probabilistic
+  Deterministic objectives ('siglip', 'clip', 'otter', 'uniclip', 'pcclip')
+  get towers without [UNC]; set ``model.use_unc`` for OTTER's probabilistic
   (CSD-logit) variant.
   """
   c = base_config()
   c.objective = objective
   c.model = model_preset('tiny', use_unc=objective in ('prolip', 'pcme'))
-  if objective in ('clip', 'otter'):
+  if objective in ('clip', 'otter', 'pcclip'):
     c.model.init_logit_scale = 1 / 0.07  # CLIP's temperature init
+  if objective == 'pcclip':
+    # PC-CLIP (Sam et al.): CLIP + weight * eq. 1 over difference pairs.
+    c.loss.pcclip_weight = 1.0
+    c.loss.pcclip_tau = 1.0  # appendix C.1: tau = 1 in every run
+    c.loss.pcclip_squared = False  # True: eq. 5's squared loss
+    # One differing attribute per T_ij: with the 256-piece demo tokenizer one
+    # phrase is 15-26 tokens, and two would not fit the 32-token context.
+    c.loss.pcclip_max_phrases = 1
+    # Its CLIP softmax is single-device in this repo.
+    c.mesh.num_devices = 1
+    c.mesh.data = 1
+    c.mesh.fsdp = 1
   if objective == 'pcme':
     # PCME++'s release inits a = 5, b = 5 (the model stores log a).
     c.model.init_logit_scale = 5.0

@@ -33,6 +33,7 @@ from prolip_jax import losses
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax import uniclip_train
+from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.data import records
 from prolip_jax.data import sources
@@ -182,6 +183,13 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
     scale = jnp.exp(params['logit_scale'])
     bias = params['logit_bias']
     loss, metrics = objective(img, txt, scale, bias, img_aux, txt_aux)
+    if config.objective in objectives.PAIRED:  # PC-CLIP's difference pairs
+      loss, metrics = objectives.add_pair_loss(
+          config.objective, config.loss, loss, metrics,
+          lambda x: apply(normalize_images(x, config.data.mean,
+                                           config.data.std),
+                          method='encode_image')[0],
+          lambda t: apply(t, method='encode_text')[0], batch)
     metrics = dict(metrics, scale=scale, bias=bias,
                    **gaussian_stats(img, txt))
     return loss, metrics
@@ -277,6 +285,9 @@ def validate_config(config):
     raise ValueError(f'data.num_views={config.data.num_views} but objective '
                      f'{config.objective!r} takes one view per image; '
                      f'multi-view objectives: {objectives.MULTI_VIEW}')
+  if config.objective == 'pcclip':
+    objectives.validate_pcclip_config(config)
+
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
                             mesh, with_teacher: bool = False,
@@ -403,6 +414,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       augment=augment_config(config.data),
       num_views=config.data.get('num_views', 1),
       process_index=jax.process_index(), process_count=jax.process_count())
+  if config.objective in objectives.PAIRED:
+    dataset = pairs.pcclip_train_dataset(
+        config, dataset, source, tokenizer, model_cfg.vision.image_size,
+        jax.process_index(), jax.process_count())
 
   root_rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(root_rng)
@@ -470,8 +485,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if config.data.name != 'digits':
       return {}
     # Every host evaluates the same replicated parameters on the held-out set.
-    results = evaluate.zero_shot_digits(model, gather(state.params),
-                                        tokenizer, config)
+    params = gather(state.params)
+    results = evaluate.zero_shot_digits(model, params, tokenizer, config)
+    if config.objective == 'pcclip':  # eq. 2 on held-out pairs
+      results.update(evaluate.difference_classification_digits(
+          model, params, tokenizer, config))
     writer.write(step, {f'eval/{k}': v for k, v in results.items()})
     return results
 

@@ -95,9 +95,12 @@ def test_pcme_trains_and_loss_decreases(tmp_path):
 
 
 @pytest.mark.slow
-def test_pcme_sharded_matches_single_device(tmp_path):
-  one = micro('pcme', 2, num_devices=1, batch_size=32)
-  four = micro('pcme', 2, num_devices=4, batch_size=32)
+@pytest.mark.parametrize('objective', ['pcme', 'clip'])
+def test_sharded_matches_single_device(objective, tmp_path):
+  """The ring forms (pcme_pml_loss_blockwise, clip_loss_blockwise) train as
+  the dense losses do."""
+  one = micro(objective, 2, num_devices=1, batch_size=32)
+  four = micro(objective, 2, num_devices=4, batch_size=32)
   train.train_and_evaluate(one, str(tmp_path / 'one'))
   train.train_and_evaluate(four, str(tmp_path / 'four'))
   p1 = _params(str(tmp_path / 'one'))

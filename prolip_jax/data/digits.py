@@ -90,13 +90,25 @@ def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
   return out
 
 
+def attributes(name: str) -> list[dict]:
+  """Per image of a split, ``{'digit': int, 'thickness', 'width',
+  'position'}``: the keys of ``losses.pcclip.DIGIT_SCHEMA``, measured on the
+  un-augmented image (thresholds from the train split)."""
+  images, labels = split(name)
+  return [dict(attrs, digit=int(label))
+          for attrs, label in zip(_attributes(images), labels)]
+
+
 def records(name: str) -> list[dict]:
-  """Records ``{'image': (28, 28, 3) uint8, 'captions': [str], 'label': int}``."""
+  """Records ``{'image': (28, 28, 3) uint8, 'captions': [str], 'label': int,
+  'attributes': dict}`` (``attributes`` as in ``attributes(name)``; PC-CLIP
+  builds its difference texts from them)."""
   images, labels = split(name)
   caps = captions_for(images, labels)
+  attrs = attributes(name)
   rgb = np.repeat(images[..., None], 3, axis=-1)
-  return [{'image': rgb[i], 'captions': caps[i], 'label': int(labels[i])}
-          for i in range(len(labels))]
+  return [{'image': rgb[i], 'captions': caps[i], 'label': int(labels[i]),
+           'attributes': attrs[i]} for i in range(len(labels))]
 
 
 def tokenizer_corpus() -> list[str]:

@@ -5,6 +5,7 @@ holds state or touches devices, so they can be used under ``jit``, ``grad``,
 ``vmap`` or a user's own ``shard_map``.
 """
 
+from prolip_jax.losses.blockwise import clip_loss_blockwise
 from prolip_jax.losses.blockwise import ppcl_loss_blockwise
 from prolip_jax.losses.blockwise import prolip_loss_blockwise
 from prolip_jax.losses.blockwise import siglip_loss_blockwise
@@ -41,7 +42,7 @@ from prolip_jax.losses.uniclip import mp_nce_loss
 from prolip_jax.losses.uniclip import mp_nce_loss_sharded
 
 __all__ = [
-    'clip_loss', 'combine_prolip_terms', 'csd', 'GaussianBatch',
+    'clip_loss', 'clip_loss_blockwise', 'combine_prolip_terms', 'csd', 'GaussianBatch',
     'inclusion_hypothesis', 'inclusion_loss', 'log_inclusion',
     'log_inclusion_exact', 'ppcl_logits', 'ppcl_loss', 'ppcl_loss_blockwise',
     'prolip_loss', 'prolip_loss_blockwise', 'prolip_regularizers',

@@ -100,7 +100,8 @@ from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
 Array = jax.Array
 AxisName = Union[str, Sequence[str]]
 
-__all__ = ['ppcl_loss_blockwise', 'siglip_loss_blockwise',
+__all__ = ['clip_loss_blockwise', 'ppcl_loss_blockwise',
+           'siglip_loss_blockwise',
            'prolip_loss_blockwise']
 
 
@@ -179,6 +180,89 @@ def _ring_sum(block_fn: Callable[[Any, Any], Any], txt: Any,
     antipodal = send(from_left, to_right)
     return score_in_turn(total, [antipodal, txt], own_at=1)
   return score_in_turn(total, [txt], own_at=0)
+
+
+def varying(tree: Any, axis_name) -> Any:
+  """Marks every leaf device-varying over ``axis_name`` (fori_loop carries
+  must keep one type; e.g. zero potentials start out replicated)."""
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+
+  def cast(x):
+    aval = jax.typeof(x)
+    vma = (aval.manual_axis_type.varying if hasattr(aval, 'manual_axis_type')
+           else aval.vma)
+    missing = tuple(a for a in names if a not in vma)
+    return jax.lax.pcast(x, missing, to='varying') if missing else x
+
+  return jax.tree.map(cast, tree)
+
+
+def ring_fold(fn: Callable[[Any, Any, bool], Any], payload: Any, init: Any,
+              axis_name) -> Any:
+  """Folds ``fn(acc, block, is_own)`` over the N blocks of ``payload``.
+
+  This device's own block comes first (``is_own=True``, a Python bool), then
+  the blocks of devices i-1, i-2, ..., i-(N-1), each received by one
+  ``ppermute`` hop to the right. ``fn`` is rematerialised in the backward
+  pass, so at most one block's intermediates are alive at a time.
+  """
+  n = int(jax.lax.axis_size(axis_name))
+  perm = [(j, (j + 1) % n) for j in range(n)]
+  step = jax.checkpoint(fn, static_argnums=(2,), prevent_cse=False)
+  payload = varying(payload, axis_name)
+  acc = varying(step(init, payload, True), axis_name)
+
+  def body(_, carry):
+    acc, block = carry
+    block = jax.tree.map(lambda x: jax.lax.ppermute(x, axis_name, perm),
+                         block)
+    return step(acc, block, False), block
+
+  acc, _ = jax.lax.fori_loop(0, n - 1, body, (acc, payload))
+  return acc
+
+
+def clip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
+                        axis_name: AxisName) -> Array:
+  """``clip_loss`` of the global batch from this device's shard.
+
+  CLIP's symmetric InfoNCE needs, per row, a logsumexp over ALL B candidates
+  in each direction. Two unidirectional ring passes fold it online, one
+  ``b_local x b_local`` block of logits at a time: texts travel past the
+  local images (image-to-text), then images past the local texts
+  (text-to-image); the positives are the own block's diagonal. Memory per
+  device is O(b_local^2) for logits, as for the sigmoid losses; each pass is
+  N - 1 hops (one direction: a running logsumexp cannot merge the two ends
+  of a bidirectional ring any cheaper).
+
+  Args:
+    emb_img, emb_txt: ``(b_local, d)`` local shards of the L2-normalised
+      embeddings, row-aligned.
+    scale: the inverse temperature, replicated.
+    axis_name: mesh axis name, or tuple of names, the batch is sharded over.
+
+  Returns:
+    scalar float32 loss of the global batch, identical on every device.
+  """
+  axis_name = _axis(axis_name)
+  emb_img = jnp.asarray(emb_img, jnp.float32)
+  emb_txt = jnp.asarray(emb_txt, jnp.float32)
+  b = emb_img.shape[0]
+  neg_inf = jnp.full((b,), -jnp.inf, jnp.float32)
+  zeros = jnp.zeros((b,), jnp.float32)
+
+  def direction(rows, cols):
+    def fold(acc, blk, is_own):
+      lse, diag = acc
+      logits = scale * (rows @ blk.T)
+      if is_own:
+        diag = diag + jnp.diagonal(logits)
+      return jnp.logaddexp(lse, jax.nn.logsumexp(logits, axis=1)), diag
+    lse, diag = ring_fold(fold, cols, (neg_inf, zeros), axis_name)
+    return jnp.sum(lse - diag)
+
+  total = direction(emb_img, emb_txt) + direction(emb_txt, emb_img)
+  return 0.5 * jax.lax.psum(total, axis_name) / (b * _axis_size(axis_name))
 
 
 def _ring_sigmoid_loss(logits_fn: Callable[..., Array], img: Any, txt: Any,

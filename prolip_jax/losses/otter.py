@@ -38,6 +38,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.losses.blockwise import ring_fold as _ring_fold
+from prolip_jax.losses.blockwise import varying as _varying
 from prolip_jax.losses.probabilistic import ppcl_logits
 
 Array = jax.Array
@@ -268,46 +270,6 @@ def _axis(axis_name: AxisName):
   if isinstance(axis_name, (list, tuple)):
     return tuple(axis_name)
   return axis_name
-
-
-def _varying(tree: Any, axis_name) -> Any:
-  """Marks every leaf device-varying over ``axis_name`` (fori_loop carries
-  must keep one type; e.g. zero potentials start out replicated)."""
-  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
-
-  def cast(x):
-    aval = jax.typeof(x)
-    vma = (aval.manual_axis_type.varying if hasattr(aval, 'manual_axis_type')
-           else aval.vma)
-    missing = tuple(a for a in names if a not in vma)
-    return jax.lax.pcast(x, missing, to='varying') if missing else x
-
-  return jax.tree.map(cast, tree)
-
-
-def _ring_fold(fn: Callable[[Any, Any, bool], Any], payload: Any, init: Any,
-               axis_name) -> Any:
-  """Folds ``fn(acc, block, is_own)`` over the N blocks of ``payload``.
-
-  This device's own block comes first (``is_own=True``, a Python bool), then
-  the blocks of devices i-1, i-2, ..., i-(N-1), each received by one
-  ``ppermute`` hop to the right. ``fn`` is rematerialised in the backward
-  pass, so at most one block's intermediates are alive at a time.
-  """
-  n = int(jax.lax.axis_size(axis_name))
-  perm = [(j, (j + 1) % n) for j in range(n)]
-  step = jax.checkpoint(fn, static_argnums=(2,), prevent_cse=False)
-  payload = _varying(payload, axis_name)
-  acc = _varying(step(init, payload, True), axis_name)
-
-  def body(_, carry):
-    acc, block = carry
-    block = jax.tree.map(lambda x: jax.lax.ppermute(x, axis_name, perm),
-                         block)
-    return step(acc, block, False), block
-
-  acc, _ = jax.lax.fori_loop(0, n - 1, body, (acc, payload))
-  return acc
 
 
 def _row_features(r, o):
