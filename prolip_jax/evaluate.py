@@ -165,15 +165,9 @@ def zero_shot_report(img: tuple, prompts: tuple, labels: np.ndarray
   return out
 
 
-def zero_shot_digits(model, params, tokenizer, config) -> dict[str, float]:
-  """Zero-shot and retrieval on the held-out bundled digits (train-time eval)."""
+def _digits_encoders(model, params, config) -> tuple[Callable, Callable]:
+  """Jitted ``(enc_img(uint8 images), enc_txt(tokens))`` of the towers."""
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  images, labels = digits.split('heldout')
-  size = model.config.vision.image_size
-  images = pipeline.eval_images(np.repeat(images[..., None], 3, -1), size)
-  params = jax.device_get(params)
 
   @jax.jit
   def enc_img(x):
@@ -184,6 +178,19 @@ def zero_shot_digits(model, params, tokenizer, config) -> dict[str, float]:
   def enc_txt(t):
     return model.apply({'params': params}, t, method='encode_text')
 
+  return enc_img, enc_txt
+
+
+def zero_shot_digits(model, params, tokenizer, config) -> dict[str, float]:
+  """Zero-shot and retrieval on the held-out bundled digits (train-time eval)."""
+  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  images, labels = digits.split('heldout')
+  size = model.config.vision.image_size
+  images = pipeline.eval_images(np.repeat(images[..., None], 3, -1), size)
+  params = jax.device_get(params)
+  enc_img, enc_txt = _digits_encoders(model, params, config)
   if config.objective == 'uniclip':
     # Only UniCLIP's head outputs share a space: evaluate through the heads,
     # images as un-augmented views (identity augmentation vector).
@@ -238,16 +245,7 @@ def difference_classification_digits(model, params, tokenizer, config,
   size = model.config.vision.image_size
   images = pipeline.eval_images(np.repeat(images[..., None], 3, -1), size)
   params = jax.device_get(params)
-
-  @jax.jit
-  def enc_img(x):
-    x = train.normalize_images(x, config.data.mean, config.data.std)
-    return model.apply({'params': params}, x, method='encode_image')
-
-  @jax.jit
-  def enc_txt(t):
-    return model.apply({'params': params}, t, method='encode_text')
-
+  enc_img, _ = _digits_encoders(model, params, config)
   g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
   out = {}
   for attr in pcclip.DIGIT_SCHEMA:

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import ml_collections
 
 _VISION = {
@@ -108,6 +111,17 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """``get_config()`` of a config file such as ``configs/prolip_tiny.py``."""
+  spec = importlib.util.spec_from_file_location(
+      os.path.splitext(os.path.basename(path))[0], path)
+  if spec is None or spec.loader is None:
+    raise FileNotFoundError(f'cannot load a config from {path!r}')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
 def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   """The CPU demo on the bundled MNIST digits, for any objective.
 
@@ -128,7 +142,7 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
     # One differing attribute per T_ij: with the 256-piece demo tokenizer one
     # phrase is 15-26 tokens, and two would not fit the 32-token context.
     c.loss.pcclip_max_phrases = 1
-    # Its CLIP softmax is single-device in this repo.
+    # Its difference term runs outside the sharded loss: one device for now.
     c.mesh.num_devices = 1
     c.mesh.data = 1
     c.mesh.fsdp = 1

@@ -5,7 +5,6 @@ Micro-sized models and a few steps each: they show that an objective trains
 that unsupported combinations fail with a clear error.
 """
 
-import importlib.util
 import json
 import os
 
@@ -23,11 +22,8 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
 
 
 def load_config(name):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(CONFIG_DIR, name + '.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  """``get_config()`` of ``configs/NAME.py``."""
+  return presets.load_config_file(os.path.join(CONFIG_DIR, name + '.py'))
 
 
 def micro(objective, total_steps, num_devices=1, batch_size=16):

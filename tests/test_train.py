@@ -22,11 +22,7 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
 
 def load_config(name):
   """``get_config()`` of ``configs/NAME.py``."""
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(CONFIG_DIR, name + '.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return presets.load_config_file(os.path.join(CONFIG_DIR, name + '.py'))
 
 
 def micro_config(total_steps=6):
