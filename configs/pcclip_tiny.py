@@ -12,7 +12,7 @@ with l CLIP's contrastive loss at tau = loss.pcclip_tau = 1 (eq. 1, 4) or the
 squared loss (eq. 5, loss.pcclip_squared=True). The paper finetunes a
 pre-trained CLIP; this demo trains from scratch with the combined loss.
 Train-time eval adds eq. 2's difference-based accuracy on held-out pairs
-(``eval/diff_acc``). Single-device only (mesh of one device).
+(``eval/diff_acc``). Both terms run on the CLIP ring when the batch is split.
 """
 
 from prolip_jax import presets

@@ -245,7 +245,7 @@ def difference_classification_digits(model, params, tokenizer, config,
   size = model.config.vision.image_size
   images = pipeline.eval_images(np.repeat(images[..., None], 3, -1), size)
   params = jax.device_get(params)
-  enc_img, _ = _digits_encoders(model, params, config)
+  enc_img, enc_txt = _digits_encoders(model, params, config)
   g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
   out = {}
   for attr in pcclip.DIGIT_SCHEMA:

@@ -74,12 +74,6 @@ def local_objective(name: str, loss_cfg, axis_name: Optional[Any] = None
       return loss, {'loss': loss, 'siglip': loss}
     return siglip
   if name in ('clip', 'pcclip'):
-    if axis_name is not None and name == 'pcclip':
-      raise NotImplementedError(
-          "objective 'pcclip' is single-device only for now: its difference "
-          'term runs outside the sharded loss; use a mesh of one device '
-          '(mesh.num_devices=1, mesh.data=1, mesh.fsdp=1)')
-
     def clip(img, txt, scale, bias, *_):
       del bias
       # For 'pcclip' this is the image-caption half; ``add_pair_loss`` adds
@@ -191,7 +185,8 @@ def validate_pcclip_config(config):
 
 
 def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
-                     batch: dict, loss_cfg) -> tuple[jax.Array, dict]:
+                     batch: dict, loss_cfg, mesh=None
+                     ) -> tuple[jax.Array, dict]:
   """PC-CLIP's difference term (eq. 1 with eq. 4, or eq. 5) on a pair batch.
 
   Args:
@@ -201,6 +196,8 @@ def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
     batch: with ``pair_image_i``, ``pair_image_j`` ``(B, s, s, 3)`` and
       ``pair_tokens`` ``(B, L)`` (``data.pairs``).
     loss_cfg: ``pcclip_tau`` (1/scale of eq. 4) and ``pcclip_squared``.
+    mesh: with several batch shards, the term runs in ``shard_map`` on the
+      ring (``difference_alignment_loss(..., axis_name)``).
 
   Returns:
     the unweighted term (scalar) and ``{'pcclip_diff': term,
@@ -213,23 +210,31 @@ def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
                                           batch['pair_image_j']]))
   g_i, g_j = g[:b], g[b:]
   f = encode_text(batch['pair_tokens'])
-  term = losses.difference_alignment_loss(
-      g_i, g_j, f, scale=1.0 / loss_cfg.pcclip_tau,
-      squared=bool(loss_cfg.pcclip_squared))
+  kwargs = dict(scale=1.0 / loss_cfg.pcclip_tau,
+                squared=bool(loss_cfg.pcclip_squared))
+  if mesh is None or shd.num_batch_shards(mesh) == 1:
+    term = losses.difference_alignment_loss(g_i, g_j, f, **kwargs)
+  else:
+    batch_spec = P(shd.BATCH_AXES)
+    term = jax.shard_map(
+        lambda a, b_, c: losses.difference_alignment_loss(
+            a, b_, c, axis_name=shd.BATCH_AXES, **kwargs),
+        mesh=mesh, in_specs=(batch_spec,) * 3, out_specs=P())(g_i, g_j, f)
   acc = jax.numpy.mean(losses.difference_classify(g_i, g_j, f))
   return term, {'pcclip_diff': term, 'pcclip_diff_acc': acc}
 
 
 def add_pair_loss(name: str, loss_cfg, loss: jax.Array, metrics: dict,
                   encode_image: Callable, encode_text: Callable,
-                  batch: dict) -> tuple[jax.Array, dict]:
+                  batch: dict, mesh=None) -> tuple[jax.Array, dict]:
   """Adds a ``PAIRED`` objective's pair term to the image-text loss.
 
   PC-CLIP: loss = CLIP(img, txt) + loss.pcclip_weight * eq. 1's term.
   """
   if name != 'pcclip':
     raise ValueError(f'objective {name!r} has no pair term; have {PAIRED}')
-  term, extra = pcclip_pair_loss(encode_image, encode_text, batch, loss_cfg)
+  term, extra = pcclip_pair_loss(encode_image, encode_text, batch, loss_cfg,
+                                 mesh)
   loss = loss + loss_cfg.pcclip_weight * term
   return loss, dict(metrics, **extra, loss=loss)
 

@@ -142,10 +142,6 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
     # One differing attribute per T_ij: with the 256-piece demo tokenizer one
     # phrase is 15-26 tokens, and two would not fit the 32-token context.
     c.loss.pcclip_max_phrases = 1
-    # Its difference term runs outside the sharded loss: one device for now.
-    c.mesh.num_devices = 1
-    c.mesh.data = 1
-    c.mesh.fsdp = 1
   if objective == 'pcme':
     # PCME++'s release inits a = 5, b = 5 (the model stores log a).
     c.model.init_logit_scale = 5.0

@@ -189,7 +189,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
           lambda x: apply(normalize_images(x, config.data.mean,
                                            config.data.std),
                           method='encode_image')[0],
-          lambda t: apply(t, method='encode_text')[0], batch)
+          lambda t: apply(t, method='encode_text')[0], batch, mesh)
     metrics = dict(metrics, scale=scale, bias=bias,
                    **gaussian_stats(img, txt))
     return loss, metrics

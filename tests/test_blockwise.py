@@ -281,3 +281,23 @@ def test_mismatched_local_batches_raise():
       mesh=mesh, in_specs=(P('x'), P('x')), out_specs=P())
   with pytest.raises(ValueError, match='row-aligned'):
     f(mu_img, mu_txt[:B // 2])
+
+
+@pytest.mark.parametrize('squared', [False, True])
+def test_difference_alignment_loss_sharded_matches_dense(squared):
+  """PC-CLIP's eq. 4 (on the CLIP ring) and eq. 5 with ``axis_name``."""
+  mesh = _mesh((8,), ('x',))
+  mu_img, _, mu_txt, _ = _batch()
+  g_j = _unit(jnp.roll(mu_img, 3, axis=0) + 0.5 * mu_txt)
+  args = (mu_img, g_j, mu_txt)
+  f = _sharded(lambda a, b, c: losses.difference_alignment_loss(
+      a, b, c, scale=4.0, squared=squared, axis_name='x'), mesh, 'x', 3, 0)
+  dense = lambda a, b, c: losses.difference_alignment_loss(
+      a, b, c, scale=4.0, squared=squared)
+  value, grads = jax.value_and_grad(f, (0, 1, 2))(*args)
+  value0, grads0 = jax.value_and_grad(dense, (0, 1, 2))(*args)
+  _assert_close(value, value0)
+  for g, g0 in zip(grads, grads0):
+    np.testing.assert_allclose(
+        np.asarray(g), np.asarray(g0), rtol=1e-4,
+        atol=5e-5 * float(np.max(np.abs(np.asarray(g0)))))

@@ -91,10 +91,10 @@ def test_pcme_trains_and_loss_decreases(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('objective', ['pcme', 'clip'])
+@pytest.mark.parametrize('objective', ['pcme', 'clip', 'pcclip'])
 def test_sharded_matches_single_device(objective, tmp_path):
-  """The ring forms (pcme_pml_loss_blockwise, clip_loss_blockwise) train as
-  the dense losses do."""
+  """The ring forms (pcme_pml_loss_blockwise, clip_loss_blockwise, also for
+  PC-CLIP's difference term) train as the dense losses do."""
   one = micro(objective, 2, num_devices=1, batch_size=32)
   four = micro(objective, 2, num_devices=4, batch_size=32)
   train.train_and_evaluate(one, str(tmp_path / 'one'))

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from prolip_jax import objectives
-from prolip_jax import sharding as shd
 from prolip_jax import train
 from prolip_jax.data import digits
 from prolip_jax.data import pairs
@@ -146,7 +145,6 @@ def test_config_file():
   c = load_config('pcclip_tiny')
   assert c.objective == 'pcclip' and not c.model.use_unc
   assert c.loss.pcclip_tau == 1.0 and c.loss.pcclip_weight > 0
-  assert c.mesh.num_devices == 1
   train.validate_config(c)
   assert 'pcclip' in objectives.OBJECTIVES and 'pcclip' in objectives.PAIRED
   assert 'pcclip' not in objectives.PROBABILISTIC
@@ -169,9 +167,6 @@ def test_config_errors():
   c.data.name = 'array_record'
   with pytest.raises(ValueError, match='attributes'):
     train.validate_config(c)
-  mesh = shd.make_mesh({'data': 4, 'fsdp': 1, 'num_devices': 4})
-  with pytest.raises(NotImplementedError, match="'pcclip' is single-device"):
-    objectives.objective('pcclip', c.loss, mesh)
 
 
 # ----------------------------------------------------------------------------

@@ -51,7 +51,8 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
                               diff_txt_emb: Array,
                               scale: Array = 1.0 / PCCLIP_TAU,
                               squared: bool = False,
-                              normalize: bool = True) -> Array:
+                              normalize: bool = True,
+                              axis_name: Optional[Any] = None) -> Array:
   """PC-CLIP's objective (eq. 1 with eq. 4, or eq. 5 when ``squared``).
 
   x_k = g(I_i,k) - g(I_j,k) (L2-normalised when ``normalize``: eq. 4 says
@@ -70,6 +71,9 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
     scale: 1/tau (paper tau = 1.0).
     squared: use eq. 5 instead of eq. 4.
     normalize: L2-normalise the image difference (default, as eq. 4).
+    axis_name: inside ``shard_map``, the mesh axis name(s) the pairs are
+      sharded over (equal local batches): the result is then the loss of the
+      global batch on every device (``clip_loss_blockwise`` for eq. 4).
 
   Returns:
     scalar float32 loss.
@@ -80,8 +84,12 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
     x = _unit(x)
   y = _unit(diff_txt_emb)
   if squared:
-    return jnp.mean(jnp.sum((x - y)**2, axis=-1))
-  return clip_loss(x, y, scale)
+    loss = jnp.mean(jnp.sum((x - y)**2, axis=-1))
+    return loss if axis_name is None else jax.lax.pmean(loss, axis_name)
+  if axis_name is None:
+    return clip_loss(x, y, scale)
+  from prolip_jax.losses.blockwise import clip_loss_blockwise  # pylint: disable=g-import-not-at-top
+  return clip_loss_blockwise(x, y, scale, axis_name)
 
 
 def difference_classify(img_i_emb: Array, img_j_emb: Array,
