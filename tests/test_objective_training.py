@@ -1,4 +1,4 @@
-"""Short training runs of the objectives beyond prolip/siglip/clip.
+"""Short training runs of the objectives other than prolip.
 
 Micro-sized models and a few steps each: they show that an objective trains
 (finite, decreasing loss), that its sharded form agrees with one device, and
@@ -91,7 +91,22 @@ def test_pcme_trains_and_loss_decreases(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('objective', ['pcme', 'clip', 'pcclip'])
+@pytest.mark.parametrize('objective', ['siglip', 'clip'])
+def test_deterministic_baseline_trains(objective, tmp_path):
+  """SigLIP / CLIP on towers without [UNC]: the loss falls and no Gaussian
+  statistics are logged."""
+  c = micro(objective, 20)
+  assert not c.model.use_unc
+  train.train_and_evaluate(c, str(tmp_path))
+  loss = _losses(str(tmp_path))
+  assert len(loss) == 20 and np.all(np.isfinite(loss))
+  assert np.mean(loss[-5:]) < 0.9 * np.mean(loss[:3])
+  assert not _losses(str(tmp_path), 'sigma2_img')
+  np.testing.assert_allclose(loss, _losses(str(tmp_path), objective))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('objective', ['pcme', 'siglip', 'clip', 'pcclip'])
 def test_sharded_matches_single_device(objective, tmp_path):
   """The ring forms (pcme_pml_loss_blockwise, clip_loss_blockwise, also for
   PC-CLIP's difference term) train as the dense losses do."""
