@@ -4,8 +4,8 @@ Layout: ``WORKDIR/checkpoints/<step>/`` holds three Orbax items:
 ``params`` (the model parameters), ``opt_state`` (optax state) and ``meta``
 (JSON: the step, the full run config and the model config), so a single
 checkpoint directory is enough to rebuild the model. Objectives with an EMA
-teacher (OTTER) add a fourth item, ``teacher`` (parameters like ``params``). The sentencepiece model a
-run uses is copied to ``WORKDIR/tokenizer.model``.
+teacher (OTTER) add a fourth item, ``teacher`` (parameters like ``params``).
+The sentencepiece model a run uses is copied to ``WORKDIR/tokenizer.model``.
 """
 
 from __future__ import annotations
@@ -56,39 +56,26 @@ def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
-            abstract_opt_state: Any
-            ) -> tuple[Any, Optional[Any], dict[str, Any]]:
-  """Restores params and optimizer state onto the shardings of the targets.
+            abstract_opt_state: Any, abstract_teacher: Optional[Any] = None
+            ) -> tuple[Any, Optional[Any], Optional[Any], dict[str, Any]]:
+  """Restores ``(params, opt_state, teacher, meta)`` onto the targets'
+  shardings.
 
   ``abstract_*`` are pytrees of ``jax.ShapeDtypeStruct`` (with ``sharding``)
-  or arrays, e.g. from ``jax.eval_shape``. Checkpoints written by
-  ``tools/import_pytorch.py`` have no optimizer state: then the second value
-  is None and the caller initialises a fresh one.
+  or arrays, e.g. from ``jax.eval_shape``. Items a checkpoint lacks come back
+  as None and the caller initialises them: the optimizer state of weights
+  written by ``tools/import_pytorch.py``, and the EMA teacher (asked for with
+  ``abstract_teacher``) of a checkpoint from an objective without one.
   """
   meta = mngr.restore(step, args=ocp.args.Composite(
       meta=ocp.args.JsonRestore()))['meta']
   items = {'params': ocp.args.StandardRestore(abstract_params)}
-  has_opt_state = meta.get('has_opt_state', True)
-  if has_opt_state:
+  if meta.get('has_opt_state', True):
     items['opt_state'] = ocp.args.StandardRestore(abstract_opt_state)
+  if abstract_teacher is not None and meta.get('has_teacher', False):
+    items['teacher'] = ocp.args.StandardRestore(abstract_teacher)
   out = mngr.restore(step, args=ocp.args.Composite(**items))
-  return out['params'], out['opt_state'] if has_opt_state else None, meta
-
-
-def restore_teacher(mngr: ocp.CheckpointManager, step: int,
-                    abstract_teacher: Any) -> Optional[Any]:
-  """The EMA-teacher parameters of a checkpoint, or None if it has none.
-
-  ``abstract_teacher`` gives shapes, dtypes and shardings (as in
-  ``restore``). Checkpoints of objectives without a teacher, and imported
-  weights, have none: the caller then starts the teacher from the student.
-  """
-  meta = mngr.restore(step, args=ocp.args.Composite(
-      meta=ocp.args.JsonRestore()))['meta']
-  if not meta.get('has_teacher', False):
-    return None
-  return mngr.restore(step, args=ocp.args.Composite(
-      teacher=ocp.args.StandardRestore(abstract_teacher)))['teacher']
+  return (out['params'], out.get('opt_state'), out.get('teacher'), meta)
 
 
 def latest_step(workdir: str) -> Optional[int]:

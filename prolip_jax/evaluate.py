@@ -165,6 +165,16 @@ def zero_shot_report(img: tuple, prompts: tuple, labels: np.ndarray
   return out
 
 
+def _digits_eval_images(split: str, image_size: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+  """Eval views ``(n, s, s, 3)`` uint8 of a digits split, and its labels."""
+  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  images, labels = digits.split(split)
+  return pipeline.eval_images(np.repeat(images[..., None], 3, -1),
+                              image_size), labels
+
+
 def _digits_encoders(model, params, config) -> tuple[Callable, Callable]:
   """Jitted ``(enc_img(uint8 images), enc_txt(tokens))`` of the towers."""
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
@@ -185,10 +195,8 @@ def zero_shot_digits(model, params, tokenizer, config) -> dict[str, float]:
   """Zero-shot and retrieval on the held-out bundled digits (train-time eval)."""
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  images, labels = digits.split('heldout')
-  size = model.config.vision.image_size
-  images = pipeline.eval_images(np.repeat(images[..., None], 3, -1), size)
+  images, labels = _digits_eval_images('heldout',
+                                      model.config.vision.image_size)
   params = jax.device_get(params)
   enc_img, enc_txt = _digits_encoders(model, params, config)
   if config.objective == 'uniclip':
@@ -235,17 +243,12 @@ def difference_classification_digits(model, params, tokenizer, config,
   Returns:
     ``{'diff_acc/<attribute>': accuracy, 'diff_acc': their mean}``.
   """
-  from prolip_jax import train  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import pairs  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from prolip_jax.losses import pcclip  # pylint: disable=g-import-not-at-top
-  images, _ = digits.split(split)
+  images, _ = _digits_eval_images(split, model.config.vision.image_size)
+  enc_img, enc_txt = _digits_encoders(model, jax.device_get(params), config)
   attrs = digits.attributes(split)
-  size = model.config.vision.image_size
-  images = pipeline.eval_images(np.repeat(images[..., None], 3, -1), size)
-  params = jax.device_get(params)
-  enc_img, enc_txt = _digits_encoders(model, params, config)
   g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
   out = {}
   for attr in pcclip.DIGIT_SCHEMA:

@@ -151,7 +151,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   max_log_scale = math.log(config.optim.max_logit_scale)
   use_teacher = config.objective in objectives.TEACHER
 
-  def loss_fn(params, teacher, batch, rng):
+  def tower_loss_fn(params, teacher, batch, rng):
     apply = functools.partial(model.apply, {'params': params})
     images = normalize_images(batch['image'], config.data.mean,
                               config.data.std)
@@ -197,6 +197,8 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   if config.objective == 'uniclip':  # V views through heads: its own loss
     loss_fn = uniclip_train.make_loss_fn(model, config, objective,
                                          normalize_images)
+  else:
+    loss_fn = tower_loss_fn
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
@@ -433,22 +435,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     state = init_state(init_rng)
   else:
     abstract = jax.eval_shape(init_state, init_rng)
-    abs_params, abs_opt = abstract.params, abstract.opt_state
-    params, opt_state, _ = checkpoint.restore(mngr, start, abs_params,
-                                              abs_opt)
+    params, opt_state, teacher, _ = checkpoint.restore(
+        mngr, start, abstract.params, abstract.opt_state, abstract.teacher)
     if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
       opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
           params)
       logging.warning('Checkpoint %d has no optimizer state (imported '
                       'weights): starting AdamW afresh', start)
-    teacher = None
-    if with_teacher:
-      teacher = checkpoint.restore_teacher(mngr, start, abs_params)
-      if teacher is None:  # e.g. imported weights: the teacher starts there
-        teacher = jax.jit(lambda p: p,
-                          out_shardings=state_shardings.params)(params)
-        logging.warning('Checkpoint %d has no EMA teacher: starting it from '
-                        'the restored parameters', start)
+    if with_teacher and teacher is None:  # e.g. imported weights
+      teacher = jax.jit(lambda p: p,
+                        out_shardings=state_shardings.params)(params)
+      logging.warning('Checkpoint %d has no EMA teacher: starting it from '
+                      'the restored parameters', start)
     state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state,
                        teacher)
     logging.info('Resumed from step %d', start)

@@ -160,11 +160,15 @@ def embed(model, params, config, images: Array, aug: Array, tokens: Array
     ``z_views (b, V, E)`` and ``z_txt (b, E)``, not normalised (eq. 16 takes
     cosines).
   """
-  z_views = embed_images(model, params, config, images, aug)
-  h_txt, _ = model.apply({'params': params}, tokens, method='encode_text')
+  return (embed_images(model, params, config, images, aug),
+          embed_texts(model, params, config, tokens))
+
+
+def embed_texts(model, params, config, tokens: Array) -> Array:
+  """``(b, L)`` token ids -> z ``(b, E)``: text tower, then the linear head."""
+  h, _ = model.apply({'params': params}, tokens, method='encode_text')
   _, text_head = make_heads(config, model.config)
-  z_txt = text_head.apply({'params': params[PARAMS_KEY]['text_head']}, h_txt)
-  return z_views, z_txt
+  return text_head.apply({'params': params[PARAMS_KEY]['text_head']}, h)
 
 
 def embed_images(model, params, config, images: Array, aug: Array) -> Array:
@@ -241,10 +245,7 @@ def eval_encoders(model, params, config, normalize: Callable
 
   @jax.jit
   def enc_txt(tokens):
-    h, _ = model.apply({'params': params}, tokens, method='encode_text')
-    _, text_head = make_heads(config, model.config)
-    z = text_head.apply({'params': params[PARAMS_KEY]['text_head']}, h)
-    return unit(z), None
+    return unit(embed_texts(model, params, config, tokens)), None
 
   return enc_img, enc_txt
 

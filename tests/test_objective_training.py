@@ -17,13 +17,7 @@ from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import train
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                          'configs')
-
-
-def load_config(name):
-  """``get_config()`` of ``configs/NAME.py``."""
-  return presets.load_config_file(os.path.join(CONFIG_DIR, name + '.py'))
+from test_train import load_config
 
 
 def micro(objective, total_steps, num_devices=1, batch_size=16):

@@ -8,7 +8,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from prolip_jax import checkpoint

@@ -30,13 +30,7 @@ from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.losses import uniclip as uniclip_loss
 from prolip_jax.models import ProLIP
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                          'configs')
-
-
-def load_config(name):
-  """``get_config()`` of ``configs/NAME.py``."""
-  return presets.load_config_file(os.path.join(CONFIG_DIR, name + '.py'))
+from test_train import load_config
 
 
 def micro(total_steps, batch_size=16):
@@ -160,22 +154,15 @@ def test_uniclip_config_file_and_validation():
   assert 'uniclip' in objectives.MULTI_VIEW
   assert 'uniclip' not in objectives.PROBABILISTIC + objectives.MASKED
 
-  bad = load_config('uniclip_tiny')
-  bad.model.use_unc = True
-  with pytest.raises(ValueError, match='use_unc=False'):
-    train.validate_config(bad)
-  bad = load_config('uniclip_tiny')
-  bad.data.num_views = 1
-  with pytest.raises(ValueError, match='num_views >= 2'):
-    train.validate_config(bad)
-  bad = load_config('uniclip_tiny')
-  bad.loss.mp_nce_weights = 'equal'
-  with pytest.raises(ValueError, match='mp_nce_weights'):
-    train.validate_config(bad)
-  bad = load_config('uniclip_tiny')
-  bad.uniclip.head_width = 8
-  with pytest.raises(ValueError, match='head_width'):
-    train.validate_config(bad)
+  for section, key, value, match in [
+      ('model', 'use_unc', True, 'use_unc=False'),
+      ('data', 'num_views', 1, 'num_views >= 2'),
+      ('loss', 'mp_nce_weights', 'equal', 'mp_nce_weights'),
+      ('uniclip', 'head_width', 8, 'head_width')]:
+    bad = load_config('uniclip_tiny')
+    bad[section][key] = value
+    with pytest.raises(ValueError, match=match):
+      train.validate_config(bad)
   other = presets.tiny_demo_config('siglip')
   other.data.num_views = 3
   with pytest.raises(ValueError, match='one view per image'):

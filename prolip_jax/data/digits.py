@@ -70,10 +70,17 @@ def _attributes(images: np.ndarray) -> list[dict[str, str]]:
   return out
 
 
-def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
-  """Captions of every specificity level for each image."""
+def _measured(images: np.ndarray, labels: np.ndarray) -> list[dict]:
+  """``_attributes`` of each image plus its ``'digit'`` label."""
+  return [dict(attrs, digit=int(label))
+          for attrs, label in zip(_attributes(images), labels)]
+
+
+def _captions(measured: list[dict]) -> list[list[str]]:
+  """Captions of every specificity level from ``_measured`` attributes."""
   out = []
-  for attrs, label in zip(_attributes(images), labels):
+  for attrs in measured:
+    label = attrs['digit']
     name = CLASS_NAMES[label]
     t, w, p = attrs['thickness'], attrs['width'], attrs['position']
     out.append([
@@ -90,13 +97,16 @@ def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
   return out
 
 
+def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
+  """Captions of every specificity level for each image."""
+  return _captions(_measured(images, labels))
+
+
 def attributes(name: str) -> list[dict]:
   """Per image of a split, ``{'digit': int, 'thickness', 'width',
   'position'}``: the keys of ``losses.pcclip.DIGIT_SCHEMA``, measured on the
   un-augmented image (thresholds from the train split)."""
-  images, labels = split(name)
-  return [dict(attrs, digit=int(label))
-          for attrs, label in zip(_attributes(images), labels)]
+  return _measured(*split(name))
 
 
 def records(name: str) -> list[dict]:
@@ -104,8 +114,8 @@ def records(name: str) -> list[dict]:
   'attributes': dict}`` (``attributes`` as in ``attributes(name)``; PC-CLIP
   builds its difference texts from them)."""
   images, labels = split(name)
-  caps = captions_for(images, labels)
-  attrs = attributes(name)
+  attrs = _measured(images, labels)
+  caps = _captions(attrs)
   rgb = np.repeat(images[..., None], 3, axis=-1)
   return [{'image': rgb[i], 'captions': caps[i], 'label': int(labels[i]),
            'attributes': attrs[i]} for i in range(len(labels))]

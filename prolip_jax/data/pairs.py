@@ -33,13 +33,6 @@ from prolip_jax.losses import pcclip
 _PAIR_SALT = 0x9C11
 
 
-def _join(phrases: Sequence[str]) -> str:
-  # Same joining as ``pcclip.difference_text``.
-  if len(phrases) == 1:
-    return phrases[0]
-  return ', '.join(phrases[:-1]) + ' and ' + phrases[-1]
-
-
 def draw_difference_pair(attributes: Sequence[Mapping[str, Any]], seed: int,
                          index: int,
                          schema: Sequence[pcclip.Attribute] = pcclip.DIGIT_SCHEMA,
@@ -67,16 +60,13 @@ def draw_difference_pair(attributes: Sequence[Mapping[str, Any]], seed: int,
   order = rng.permutation(len(schema))
   shuffled = [schema[o] for o in order]
   stream = pcclip.iter_difference_pairs(
-      attributes, seed=int(rng.integers(2**62)), schema=shuffled)
+      attributes, seed=int(rng.integers(2**62)), schema=shuffled,
+      max_phrases=max_phrases or None)
   try:
-    i, j, _ = next(stream)
+    return next(stream)
   except StopIteration:
     raise ValueError('no two records differ in any attribute of the schema; '
                      'PC-CLIP has no difference pairs to train on') from None
-  phrases = pcclip.difference_texts(attributes[i], attributes[j], shuffled)
-  if max_phrases:
-    phrases = phrases[:max_phrases]
-  return i, j, _join(phrases)
 
 
 class _PairBuilder:

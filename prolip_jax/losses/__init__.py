@@ -42,7 +42,8 @@ from prolip_jax.losses.uniclip import mp_nce_loss
 from prolip_jax.losses.uniclip import mp_nce_loss_sharded
 
 __all__ = [
-    'clip_loss', 'clip_loss_blockwise', 'combine_prolip_terms', 'csd', 'GaussianBatch',
+    'clip_loss', 'clip_loss_blockwise', 'combine_prolip_terms', 'csd',
+    'GaussianBatch',
     'inclusion_hypothesis', 'inclusion_loss', 'log_inclusion',
     'log_inclusion_exact', 'ppcl_logits', 'ppcl_loss', 'ppcl_loss_blockwise',
     'prolip_loss', 'prolip_loss_blockwise', 'prolip_regularizers',

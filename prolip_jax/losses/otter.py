@@ -33,7 +33,7 @@ matrix per device) are provided; see ``otter_loss_blockwise``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
