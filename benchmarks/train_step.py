@@ -24,6 +24,7 @@ import numpy as np
 
 from prolip_jax import sharding as shd
 from prolip_jax import train
+from prolip_jax.objectives import prolip as prolip_objective
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
@@ -108,7 +109,7 @@ def main(argv):
   xla_flops = float(cost.get('flops', 0.0)) if cost else 0.0
   # cost_analysis is per device program; the step is SPMD over all devices.
   xla_flops_step = xla_flops * jax.device_count()
-  stride = train.masking_stride(config.masking.fraction)
+  stride = prolip_objective.masking_stride(config.masking.fraction)
   analytic_step = b * analytic_flops_per_pair(
       model_cfg, 1.0 / stride if stride else 0.0,
       config.masking.image_keep_ratio)

@@ -14,13 +14,15 @@ import os
 from typing import Any, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from prolip_jax import checkpoint
-from prolip_jax import evaluate
+from prolip_jax import objectives
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.embedding import embed_in_batches
+from prolip_jax.embedding import normalize_images
+from prolip_jax.evaluation import metrics
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
@@ -48,7 +50,7 @@ class ZeroShotClassifier:
     mu, logvar = self.model.encode_image(images)
     if self.var is None:
       metric = 'cosine'
-    return np.asarray(evaluate.zero_shot_scores(mu, logvar, self.mu, self.var,
+    return np.asarray(metrics.zero_shot_scores(mu, logvar, self.mu, self.var,
                                                 metric))
 
   def predict(self, images: Sequence[np.ndarray], metric: str = 'csd'
@@ -58,31 +60,32 @@ class ZeroShotClassifier:
 
 
 class LoadedModel:
-  """A model with its tokenizer and eval transform, ready to embed inputs."""
+  """A model with its tokenizer and eval transform, ready to embed inputs.
+
+  Inputs are embedded into the space the model was trained to score in: the
+  towers' Gaussians for ProLIP and its family, the heads' shared space for a
+  UniCLIP checkpoint (``objective`` and ``run_config`` say which, as stored
+  in the checkpoint).
+  """
 
   def __init__(self, model_config: ModelConfig, params: Any,
                tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
-               batch_size: int = 64):
+               batch_size: int = 64, objective: str = 'prolip',
+               run_config: Optional[dict] = None):
     self.config = model_config
     self.params = params
     self.tokenizer = tokenizer
     self.mean = tuple(mean)
     self.std = tuple(std)
     self.batch_size = batch_size
-    model = ProLIP(model_config)
-    variables = {'params': params}
-
-    @jax.jit
-    def enc_img(images):
-      x = images.astype(jnp.float32) / 255.0
-      x = (x - jnp.asarray(self.mean)) / jnp.asarray(self.std)
-      return model.apply(variables, x, method='encode_image')
-
-    @jax.jit
-    def enc_txt(tokens):
-      return model.apply(variables, tokens, method='encode_text')
-
-    self._enc_img, self._enc_txt = enc_img, enc_txt
+    self.objective = objective
+    enc_img, enc_txt = objectives.get(objective).encoders(
+        ProLIP(model_config), params, run_config or {})
+    norm = lambda x: normalize_images(x, self.mean, self.std)
+    # uint8 (n, s, s, 3) -> (mu, logvar); with patch indices (n, k); tokens.
+    self.image_fn = jax.jit(lambda x: enc_img(norm(x)))
+    self.image_keep_fn = jax.jit(lambda xk: enc_img(norm(xk[0]), xk[1]))
+    self.text_fn = jax.jit(enc_txt)
 
   def encode_image(self, images: Sequence[np.ndarray]
                    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -90,13 +93,13 @@ class LoadedModel:
     if len(images) == 0:
       raise ValueError('encode_image got no images')
     batch = pipeline.eval_images(list(images), self.config.vision.image_size)
-    return evaluate.embed_in_batches(self._enc_img, batch, self.batch_size)
+    return embed_in_batches(self.image_fn, batch, self.batch_size)
 
   def encode_text(self, texts: Sequence[str] | str
                   ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Captions -> (mu ``(n, d)``, logvar or None)."""
     tokens = self.tokenizer(texts)
-    return evaluate.embed_in_batches(self._enc_txt, tokens, self.batch_size)
+    return embed_in_batches(self.text_fn, tokens, self.batch_size)
 
   def zero_shot_classifier(self, class_names: Sequence[str],
                            templates: Sequence[str]) -> ZeroShotClassifier:
@@ -106,7 +109,7 @@ class LoadedModel:
     prompts = [t.format(c) for c in class_names for t in templates]
     mu, logvar = self.encode_text(prompts)
     shape = (len(class_names), len(templates), -1)
-    cls_mu, cls_var = evaluate.class_gaussians(
+    cls_mu, cls_var = metrics.class_gaussians(
         mu.reshape(shape), None if logvar is None else logvar.reshape(shape))
     return ZeroShotClassifier(self, list(class_names), np.asarray(cls_mu),
                               None if cls_var is None else np.asarray(cls_var))
@@ -135,7 +138,9 @@ def load(path: str, step: Optional[int] = None) -> LoadedModel:
       mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'])
   return LoadedModel(model_cfg, params, tokenizer,
                      data.get('mean', _DEFAULT_MEAN),
-                     data.get('std', _DEFAULT_STD))
+                     data.get('std', _DEFAULT_STD),
+                     objective=run_cfg.get('objective', 'prolip'),
+                     run_config=run_cfg)
 
 
 def _load_export(path: str) -> LoadedModel:

@@ -1,9 +1,12 @@
 """Training: ``train_and_evaluate(config, workdir)``.
 
-One jitted ``train_step`` (read it top to bottom: embed, mask, objective,
-AdamW update, clamp the scale), a data pipeline that is exactly resumable from
-the step, Orbax checkpoints every ``checkpoint_every_steps`` (and on
-interruption), metrics to ``WORKDIR/metrics.jsonl`` and TensorBoard.
+One jitted ``train_step`` (read it top to bottom: the objective's loss and
+gradients, AdamW update, clamp the scale, the objective's teacher update), a
+data pipeline that is exactly resumable from the step, Orbax checkpoints every
+``checkpoint_every_steps`` (and on interruption), metrics to
+``WORKDIR/metrics.jsonl`` and TensorBoard. Nothing here is specific to one
+objective: ``objectives.get(config.objective)`` supplies the loss and the
+hooks (``prolip_jax/objectives/base.py``).
 """
 
 from __future__ import annotations
@@ -28,20 +31,15 @@ import numpy as np
 import optax
 
 from prolip_jax import checkpoint
-from prolip_jax import evaluate
-from prolip_jax import losses
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
-from prolip_jax import uniclip_train
-from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.data import records
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
-from prolip_jax.losses import GaussianBatch
-from prolip_jax.models import masking
+from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
@@ -88,117 +86,13 @@ def make_optimizer(optim, total_steps: int
 # The train step
 
 
-def normalize_images(images: jax.Array, mean, std) -> jax.Array:
-  """uint8 ``(b, h, w, 3)`` -> float32 normalised with per-channel mean/std."""
-  x = images.astype(jnp.float32) / 255.0
-  return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
-
-
-def masking_stride(fraction: float) -> int:
-  """Every ``stride``-th sample gets a masked copy; 0 when masking is off.
-
-  Selecting by stride (rather than the first n samples of the batch) gives
-  the same global set of samples whatever the number of devices, and spreads
-  the extra work evenly over them.
-  """
-  if fraction <= 0:
-    return 0
-  stride = int(round(1.0 / fraction))
-  if abs(1.0 / stride - fraction) > 1e-6:
-    raise ValueError(f'masking.fraction must be 1/k for an integer k (e.g. '
-                     f'0.125 = 1/8), got {fraction}')
-  return stride
-
-
-def strided_rows(x: jax.Array, stride: int) -> jax.Array:
-  """Rows 0, stride, 2*stride, ... of ``x``."""
-  return x.reshape(x.shape[0] // stride, stride, *x.shape[1:])[:, 0]
-
-
-def strided_rows_first(x: jax.Array, shards: int, stride: int) -> jax.Array:
-  """Permutes rows so each shard starts with its ``strided_rows``, in order.
-
-  A joint permutation of image and text rows leaves every loss term
-  unchanged; after it, row i of a shard's masked copies belongs to row i of
-  that shard, which is how ``prolip_regularizers`` pairs them.
-  """
-  b = x.shape[0]
-  y = x.reshape(shards, b // shards // stride, stride, *x.shape[1:])
-  return jnp.swapaxes(y, 1, 2).reshape(b, *x.shape[1:])
-
-
-def gaussian_stats(img: GaussianBatch, txt: GaussianBatch) -> dict[str, Any]:
-  if img.logvar is None:
-    return {}
-  return {'sigma2_img': jnp.mean(jnp.exp(img.logvar)),
-          'sigma2_txt': jnp.mean(jnp.exp(txt.logvar))}
-
-
 def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                     tx: optax.GradientTransformation, schedule: optax.Schedule,
                     mesh, mask_id: int) -> Callable:
   """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted."""
-  model_cfg: ModelConfig = model.config
-  shards = shd.num_batch_shards(mesh)
-  local_batch = config.batch_size // shards
-  stride = 0
-  if config.objective in objectives.MASKED:
-    stride = masking_stride(config.masking.fraction)
-    if stride and local_batch % stride:
-      raise ValueError(f'the per-device batch {local_batch} must be a multiple '
-                       f'of 1/masking.fraction = {stride}')
-  objective = objectives.objective(config.objective, config.loss, mesh)
+  objective = objectives.get(config.objective)
+  loss_fn = objective.make_loss_fn(model, config, mesh, mask_id)
   max_log_scale = math.log(config.optim.max_logit_scale)
-  use_teacher = config.objective in objectives.TEACHER
-
-  def tower_loss_fn(params, teacher, batch, rng):
-    apply = functools.partial(model.apply, {'params': params})
-    images = normalize_images(batch['image'], config.data.mean,
-                              config.data.std)
-    tokens = batch['tokens']
-    img = GaussianBatch(*apply(images, method='encode_image'))
-    txt = GaussianBatch(*apply(tokens, method='encode_text'))
-    img_aux = txt_aux = None
-    if use_teacher:  # OTTER's targets come from the EMA teacher, not grads
-      apply_t = functools.partial(model.apply,
-                                  {'params': jax.lax.stop_gradient(teacher)})
-      img_aux = GaussianBatch(*apply_t(images, method='encode_image'))
-      txt_aux = GaussianBatch(*apply_t(tokens, method='encode_text'))
-    if stride:
-      rng_img, rng_txt = jax.random.split(rng)
-      masked_images = strided_rows(images, stride)
-      keep = masking.random_keep_indices(
-          rng_img, masked_images.shape[0], model_cfg.num_patches,
-          config.masking.image_keep_ratio)
-      img_aux = GaussianBatch(*apply(masked_images, keep,
-                                     method='encode_image'))
-      masked_tokens = masking.mask_text_tokens(
-          rng_txt, strided_rows(tokens, stride), mask_id,
-          model_cfg.text.pad_id, config.masking.text_mask_prob)
-      txt_aux = GaussianBatch(*apply(masked_tokens, method='encode_text'))
-      reorder = functools.partial(strided_rows_first, shards=shards,
-                                  stride=stride)
-      img = jax.tree.map(reorder, img)
-      txt = jax.tree.map(reorder, txt)
-    scale = jnp.exp(params['logit_scale'])
-    bias = params['logit_bias']
-    loss, metrics = objective(img, txt, scale, bias, img_aux, txt_aux)
-    if config.objective in objectives.PAIRED:  # PC-CLIP's difference pairs
-      loss, metrics = objectives.add_pair_loss(
-          config.objective, config.loss, loss, metrics,
-          lambda x: apply(normalize_images(x, config.data.mean,
-                                           config.data.std),
-                          method='encode_image')[0],
-          lambda t: apply(t, method='encode_text')[0], batch, mesh)
-    metrics = dict(metrics, scale=scale, bias=bias,
-                   **gaussian_stats(img, txt))
-    return loss, metrics
-
-  if config.objective == 'uniclip':  # V views through heads: its own loss
-    loss_fn = uniclip_train.make_loss_fn(model, config, objective,
-                                         normalize_images)
-  else:
-    loss_fn = tower_loss_fn
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
@@ -209,10 +103,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
     # As in the release: keep the temperature a = exp(log a) within [1, 100].
     params = dict(params, logit_scale=jnp.clip(params['logit_scale'], 0.0,
                                                max_log_scale))
-    teacher = state.teacher
-    if use_teacher:  # OTTER 3.4: theta~ <- m theta~ + (1 - m) theta
-      teacher = losses.ema_update(teacher, params,
-                                  config.loss.otter.ema_decay)
+    teacher = objective.update_teacher(config, state.teacher, params)
     metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['lr'] = schedule(state.step)
     return TrainState(state.step + 1, params, opt_state, teacher), metrics
@@ -272,23 +163,14 @@ def augment_config(data) -> transforms.AugmentConfig:
 
 
 def validate_config(config):
-  if config.objective not in objectives.OBJECTIVES:
-    raise ValueError(f'unknown objective {config.objective!r}; have '
-                     f'{objectives.OBJECTIVES}')
-  if config.objective in objectives.PROBABILISTIC and not config.model.use_unc:
-    raise ValueError(f'objective {config.objective!r} needs model.use_unc=True')
+  """Raises ``ValueError`` for a config that cannot train (the generic
+  checks, then the objective's own)."""
+  objective = objectives.get(config.objective)
   if config.total_steps <= 0 or config.batch_size <= 0:
     raise ValueError('total_steps and batch_size must be positive')
   if not 0 < config.masking.image_keep_ratio <= 1:
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
-  if config.objective in objectives.MULTI_VIEW:
-    uniclip_train.validate_config(config)
-  elif config.data.get('num_views', 1) != 1:
-    raise ValueError(f'data.num_views={config.data.num_views} but objective '
-                     f'{config.objective!r} takes one view per image; '
-                     f'multi-view objectives: {objectives.MULTI_VIEW}')
-  if config.objective == 'pcclip':
-    objectives.validate_pcclip_config(config)
+  objective.validate(config)
 
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
@@ -301,7 +183,8 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
   device ever holds an unsharded copy. Also returns the state's shardings.
   ``with_teacher``: add an EMA teacher (OTTER) starting equal to the student.
   ``extra_params(rng) -> {key: subtree}`` adds an objective's own parameters
-  (UniCLIP's heads) next to the model's, to be trained and saved with them.
+  (``Objective.init_extra_params``, e.g. UniCLIP's heads) next to the
+  model's, to be trained and saved with them.
   """
   model_cfg = model.config
 
@@ -311,7 +194,9 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
         rng, jnp.zeros((1, size, size, 3), jnp.float32),
         jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
     if extra_params is not None:
-      params = dict(params, **extra_params(jax.random.fold_in(rng, 1)))
+      extra = extra_params(jax.random.fold_in(rng, 1))
+      if extra:
+        params = dict(params, **extra)
     teacher = params if with_teacher else None
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
                       teacher)
@@ -396,6 +281,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     and the last training metrics.
   """
   validate_config(config)
+  objective = objectives.get(config.objective)
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   is_chief = jax.process_index() == 0
@@ -406,6 +292,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                      f'{shards} batch shards of mesh {dict(mesh.shape)}')
 
   source, corpus = sources.train_source(config)
+  if corpus is not None:
+    corpus = objective.extend_corpus(corpus)
   tokenizer = setup_tokenizer(config, workdir, corpus)
   model_cfg = model_config_for(config, tokenizer)
   model = ProLIP(model_cfg)
@@ -416,18 +304,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       augment=augment_config(config.data),
       num_views=config.data.get('num_views', 1),
       process_index=jax.process_index(), process_count=jax.process_count())
-  if config.objective in objectives.PAIRED:
-    dataset = pairs.pcclip_train_dataset(
-        config, dataset, source, tokenizer, model_cfg.vision.image_size,
-        jax.process_index(), jax.process_count())
+  dataset = objective.wrap_dataset(
+      config, dataset, source, tokenizer, model_cfg.vision.image_size,
+      jax.process_index(), jax.process_count())
 
   root_rng = jax.random.key(config.seed)
   init_rng, step_rng = jax.random.split(root_rng)
-  with_teacher = config.objective in objectives.TEACHER
-  extra = (uniclip_train.extra_params(config, model_cfg)
-           if config.objective == 'uniclip' else None)
+  with_teacher = objective.uses_teacher
   init_state, state_shardings = train_state_initializer(
-      model, tx, mesh, with_teacher=with_teacher, extra_params=extra)
+      model, tx, mesh, with_teacher=with_teacher,
+      extra_params=lambda rng: objective.init_extra_params(config, model_cfg,
+                                                           rng))
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
   start = mngr.latest_step()
@@ -483,11 +370,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if config.data.name != 'digits':
       return {}
     # Every host evaluates the same replicated parameters on the held-out set.
-    params = gather(state.params)
-    results = evaluate.zero_shot_digits(model, params, tokenizer, config)
-    if config.objective == 'pcclip':  # eq. 2 on held-out pairs
-      results.update(evaluate.difference_classification_digits(
-          model, params, tokenizer, config))
+    encoders = train_time.jit_encoders(objective, model,
+                                       gather(state.params), config)
+    size = model_cfg.vision.image_size
+    results = train_time.zero_shot_digits(encoders, tokenizer, config, size)
+    results.update(objective.train_eval_metrics(encoders, tokenizer, config,
+                                                size))
     writer.write(step, {f'eval/{k}': v for k, v in results.items()})
     return results
 
@@ -560,7 +448,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
              'train': last_metrics}
   if is_chief:
-    print(evaluate.format_summary(summary), flush=True)
+    print(train_time.format_summary(summary), flush=True)
   if stopper.stop:
     print(f'Stopped by SIGTERM at step {step}; resume with the same command.',
           file=sys.stderr)

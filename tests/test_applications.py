@@ -9,7 +9,7 @@ import optax
 import pytest
 from PIL import Image
 
-from prolip_jax import evaluate
+from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.applications import bprw
 from prolip_jax.applications import filtering
 from prolip_jax.applications import traversal
@@ -131,7 +131,7 @@ def test_uniform_weights_reproduce_the_prompt_ensemble():
   mu = rng.normal(size=(3, 4, 8)).astype(np.float32)
   lv = rng.normal(-3, 0.5, (3, 4, 8)).astype(np.float32)
   got_mu, got_var = bprw.reweighted_classifier(mu, lv, np.full((3, 4), 0.25))
-  want_mu, want_var = evaluate.class_gaussians(mu, lv)
+  want_mu, want_var = eval_metrics.class_gaussians(mu, lv)
   np.testing.assert_allclose(got_mu, want_mu, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got_var, want_var, rtol=1e-5)
 

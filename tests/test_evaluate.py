@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from prolip_jax import embedding
 from prolip_jax import evaluate
+from prolip_jax.evaluation import embedder as eval_embedder
+from prolip_jax.evaluation import metrics as eval_metrics
+from prolip_jax.evaluation import runner as eval_runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +38,7 @@ def test_topk_accuracy_matches_loop():
   rng = np.random.default_rng(0)
   scores = rng.normal(size=(40, 7))
   labels = rng.integers(0, 7, 40)
-  got = evaluate.topk_accuracy(scores, labels, ks=(1, 3, 5, 10))
+  got = eval_metrics.topk_accuracy(scores, labels, ks=(1, 3, 5, 10))
   for k in (1, 3, 5, 10):
     hits = 0
     for row, y in zip(scores, labels):
@@ -48,7 +52,7 @@ def test_flat_hit_at_k_matches_loop():
   scores = rng.normal(size=(30, 8))
   label_sets = [list(rng.choice(8, rng.integers(1, 4), replace=False))
                 for _ in range(30)]
-  got = evaluate.flat_hit_at_k(scores, label_sets, ks=(1, 2, 5))
+  got = eval_metrics.flat_hit_at_k(scores, label_sets, ks=(1, 2, 5))
   for k in (1, 2, 5):
     hits = 0
     for row, labels in zip(scores, label_sets):
@@ -57,10 +61,10 @@ def test_flat_hit_at_k_matches_loop():
     assert got[f'flat_hit@{k}'] == pytest.approx(hits / 30)
   # One label per row: the same as top-k accuracy.
   single = [[s[0]] for s in label_sets]
-  assert evaluate.flat_hit_at_k(scores, single, (1, 5)) == {
-      'flat_hit@1': evaluate.topk_accuracy(scores, np.array(single)[:, 0],
+  assert eval_metrics.flat_hit_at_k(scores, single, (1, 5)) == {
+      'flat_hit@1': eval_metrics.topk_accuracy(scores, np.array(single)[:, 0],
                                            (1,))['top1'],
-      'flat_hit@5': evaluate.topk_accuracy(scores, np.array(single)[:, 0],
+      'flat_hit@5': eval_metrics.topk_accuracy(scores, np.array(single)[:, 0],
                                            (5,))['top5']}
 
 
@@ -73,7 +77,7 @@ def test_retrieval_recall_matches_brute_force_with_several_captions():
   scores = rng.normal(size=(n_img, len(owner)))
   # Make the task non-trivial but not random: a bonus for true pairs.
   scores[owner, np.arange(len(owner))] += 1.0
-  got = evaluate.retrieval_recall(scores, owner, ks=(1, 5, 10))
+  got = eval_metrics.retrieval_recall(scores, owner, ks=(1, 5, 10))
   for k in (1, 5, 10):
     # i2t: any of the image's captions among its k best texts.
     hit = 0
@@ -93,38 +97,38 @@ def test_similarity_csd_and_cosine_by_hand():
   rng = np.random.default_rng(3)
   a = (rng.normal(size=(3, 4)), rng.normal(-2, 0.5, (3, 4)))
   b = (rng.normal(size=(5, 4)), rng.normal(-2, 0.5, (5, 4)))
-  got = evaluate.similarity(a, b, 'csd')
+  got = eval_metrics.similarity(a, b, 'csd')
   for i in range(3):
     for j in range(5):
       want = -(((a[0][i] - b[0][j]) ** 2).sum() + np.exp(a[1][i]).sum()
                + np.exp(b[1][j]).sum())
       assert got[i, j] == pytest.approx(want, rel=1e-5)
-  cos = evaluate.similarity(a, b, 'cosine')
+  cos = eval_metrics.similarity(a, b, 'cosine')
   want = a[0][1] @ b[0][2] / np.linalg.norm(a[0][1]) / np.linalg.norm(b[0][2])
   assert cos[1, 2] == pytest.approx(want, rel=1e-5)
   with pytest.raises(ValueError):
-    evaluate.similarity((a[0], None), b, 'csd')
+    eval_metrics.similarity((a[0], None), b, 'csd')
 
 
 def test_embed_in_batches_tuple_inputs_and_progress():
   x = np.arange(10, dtype=np.float32)[:, None]
   y = np.arange(10, dtype=np.float32)[:, None] * 10
   calls = []
-  mu, lv = evaluate.embed_in_batches(
+  mu, lv = embedding.embed_in_batches(
       lambda xy: (xy[0] + xy[1], xy[0] * 0), (x, y), 4,
       progress=lambda d, t: calls.append((d, t)))
   np.testing.assert_allclose(mu[:, 0], np.arange(10) * 11)
   assert lv.shape == (10, 1)
   assert calls == [(4, 10), (8, 10), (10, 10)]
   stream = io.StringIO()
-  p = evaluate.Progress('x', stream=stream, interval=1e9)
+  p = eval_embedder.Progress('x', stream=stream, interval=1e9)
   p(1, 3)
   p(3, 3)
   assert stream.getvalue().strip().splitlines()[-1].startswith('x: 3/3')
 
 
 def test_format_table():
-  table = evaluate.format_table({'a/b': 0.5, 'a/c': 3, 'long_suite/x': 1e-4})
+  table = eval_runner.format_table({'a/b': 0.5, 'a/c': 3, 'long_suite/x': 1e-4})
   lines = table.splitlines()
   assert lines[0].split() == ['suite', 'metric', 'value']
   assert lines[2].split() == ['a', 'b', '0.5']

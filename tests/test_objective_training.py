@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from prolip_jax import checkpoint
+from prolip_jax import embedding
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import train
@@ -122,10 +123,11 @@ def test_sharded_matches_single_device(objective, tmp_path):
 
 def test_objective_lists():
   assert 'pcme' in objectives.OBJECTIVES
-  assert 'pcme' in objectives.PROBABILISTIC
-  assert 'pcme' not in objectives.MASKED
-  assert objectives.TEACHER == ('otter',)
-  assert 'otter' in objectives.OBJECTIVES and 'otter' not in objectives.MASKED
+  assert objectives.get('pcme').needs_unc
+  # PCME++ has no inclusion terms, so no masked copies.
+  assert objectives.get('pcme').make_aux_fn(None, None, None, 3) is None
+  assert [n for n in objectives.OBJECTIVES
+          if objectives.get(n).uses_teacher] == ['otter']
 
 
 # ----------------------------------------------------------------------------
@@ -196,7 +198,7 @@ def _step_batch(c, workdir, step):
       global_batch_size=c.batch_size, seed=c.seed,
       augment=train.augment_config(c.data))
   batch = ds[step]
-  images = train.normalize_images(batch['image'], c.data.mean, c.data.std)
+  images = embedding.normalize_images(batch['image'], c.data.mean, c.data.std)
   return model_cfg, images, batch['tokens']
 
 

@@ -145,8 +145,8 @@ def test_config_file():
   assert c.objective == 'pcclip' and not c.model.use_unc
   assert c.loss.pcclip_tau == 1.0 and c.loss.pcclip_weight > 0
   train.validate_config(c)
-  assert 'pcclip' in objectives.OBJECTIVES and 'pcclip' in objectives.PAIRED
-  assert 'pcclip' not in objectives.PROBABILISTIC
+  assert 'pcclip' in objectives.OBJECTIVES
+  assert not objectives.get('pcclip').needs_unc
 
 
 def test_config_errors():

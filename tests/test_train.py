@@ -13,6 +13,7 @@ import pytest
 from prolip_jax import checkpoint
 from prolip_jax import presets
 from prolip_jax import train
+from prolip_jax.objectives import prolip as prolip_objective
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
@@ -99,18 +100,18 @@ def test_schedule_is_linear_warmup_then_cosine():
 
 def test_masked_rows_do_not_depend_on_the_number_of_shards():
   x = jnp.arange(32)
-  np.testing.assert_array_equal(train.strided_rows(x, 8), [0, 8, 16, 24])
+  np.testing.assert_array_equal(prolip_objective.strided_rows(x, 8), [0, 8, 16, 24])
   for shards in (1, 2, 4):
-    y = np.asarray(train.strided_rows_first(x, shards, 8))
+    y = np.asarray(prolip_objective.strided_rows_first(x, shards, 8))
     assert sorted(y) == list(range(32))  # a permutation
     per_shard = y.reshape(shards, -1)
     n_local = 32 // shards // 8
     # Each shard starts with its strided rows, in the global order.
     np.testing.assert_array_equal(per_shard[:, :n_local].ravel(),
                                   [0, 8, 16, 24])
-  assert train.masking_stride(0.125) == 8 and train.masking_stride(0) == 0
+  assert prolip_objective.masking_stride(0.125) == 8 and prolip_objective.masking_stride(0) == 0
   with pytest.raises(ValueError, match='1/k'):
-    train.masking_stride(0.3)
+    prolip_objective.masking_stride(0.3)
 
 
 def test_logit_scale_is_clamped_after_the_update(tmp_path):

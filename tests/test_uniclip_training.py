@@ -7,6 +7,7 @@ ones; the pipeline gives V different, reproducible views; bad configs fail
 with a clear error.
 """
 
+import functools
 import json
 import os
 
@@ -17,11 +18,12 @@ import optax
 import pytest
 
 from prolip_jax import checkpoint
+from prolip_jax import embedding
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
 from prolip_jax import train
-from prolip_jax import uniclip_train
+from prolip_jax.objectives import uniclip as uniclip_train
 from prolip_jax.data import digits
 from prolip_jax.data import pipeline
 from prolip_jax.data import transforms
@@ -73,7 +75,7 @@ def _scores(model, params_list, config, batch):
 
   @jax.jit
   def embed(params, batch):
-    images = train.normalize_images(batch['image'], config.data.mean,
+    images = embedding.normalize_images(batch['image'], config.data.mean,
                                     config.data.std)
     z = uniclip_train.embed(model, params, config, images, batch['aug'],
                             batch['tokens'])
@@ -129,7 +131,8 @@ def test_uniclip_trains_and_separates_positives(tmp_path):
   tx, _ = train.make_optimizer(c.optim, c.total_steps)
   init, _ = train.train_state_initializer(
       model, tx, shd.make_mesh(c.mesh),
-      extra_params=uniclip_train.extra_params(c, model.config))
+      extra_params=functools.partial(objectives.get('uniclip').init_extra_params, c,
+                        model.config))
   params0 = init(jax.random.key(0)).params
   batch = _heldout_batch(tokenizer, model.config.vision.image_size)
   before, after = _scores(model, [params0, params], c, batch)
@@ -151,8 +154,8 @@ def test_uniclip_config_file_and_validation():
   assert uniclip_train.resolve_weights(c.loss.mp_nce_weights, 3) == (
       1 / 9, 1 / 6, 1.0)  # the paper's w_D
   assert 'uniclip' in objectives.OBJECTIVES
-  assert 'uniclip' in objectives.MULTI_VIEW
-  assert 'uniclip' not in objectives.PROBABILISTIC + objectives.MASKED
+  assert objectives.get('uniclip').multi_view
+  assert not objectives.get('uniclip').needs_unc
 
   for section, key, value, match in [
       ('model', 'use_unc', True, 'use_unc=False'),
@@ -195,7 +198,8 @@ def test_uniclip_sharded_step_matches_single_device():
       lambda params: jax.tree.map(jnp.zeros_like, params),
       lambda grads, state, params=None: (
           jax.tree.map(jnp.zeros_like, grads), grads))
-  extra = uniclip_train.extra_params(c, model.config)
+  extra = functools.partial(objectives.get('uniclip').init_extra_params, c,
+                        model.config)
   results = {}
   for n in (1, 8):  # dense mp_nce_loss vs shard_map'd mp_nce_loss_sharded
     mesh = shd.make_mesh({'data': n, 'fsdp': 1, 'num_devices': n})

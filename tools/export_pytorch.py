@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from prolip_jax import checkpoint
 from prolip_jax import convert
+from prolip_jax import objectives
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 WEIGHTS_FILE = 'model.safetensors'
@@ -47,9 +48,17 @@ def export(workdir: str, out: str, step: Optional[int] = None,
   from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
 
   params, meta = checkpoint.load_params(workdir, step)
+  run_cfg = meta.get('config') or {}
+  objective = run_cfg.get('objective', 'prolip')
+  if not objectives.get(objective).exportable:
+    raise ValueError(
+        f'a {objective!r} checkpoint scores through parameters the PyTorch '
+        f'/ open_clip layout has no place for '
+        f'({sorted(set(params) - {"visual", "text", "logit_scale", "logit_bias"})}'
+        '); exporting the towers alone would give a model that scores '
+        'differently. Use prolip_jax.load(workdir) in JAX instead.')
   model_cfg = ModelConfig.from_config(meta['model'])
   state_dict = convert.params_to_state_dict(params, model_cfg)
-  run_cfg = meta.get('config') or {}
   extra: dict[str, Any] = {'step': meta.get('step')}
   data = run_cfg.get('data') or {}
   for k in ('mean', 'std'):
@@ -85,7 +94,11 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.ERROR)
   f = flags.FLAGS
-  export(f.workdir, f.out, f.step, f.hub_compatible)
+  try:
+    export(f.workdir, f.out, f.step, f.hub_compatible)
+  except ValueError as e:  # the user's checkpoint or flags, not our bug
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
   print(f'exported {f.workdir} to {f.out}: '
         f'{", ".join(sorted(os.listdir(f.out)))}')
 

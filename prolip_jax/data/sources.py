@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from prolip_jax.data import digits
-from prolip_jax.data import pairs
 from prolip_jax.data import records
 
 SOURCES = ('digits', 'array_record', 'tfds')
@@ -56,10 +55,6 @@ def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
   """The training records and a caption corpus for the tokenizer (or None)."""
   data = config.data
   if data.name == 'digits':
-    if config.get('objective') == 'pcclip':
-      # PC-CLIP also tokenizes difference texts: give their words pieces.
-      return digits.records('train'), lambda: (digits.tokenizer_corpus()
-                                               + pairs.difference_corpus())
     return digits.records('train'), digits.tokenizer_corpus
   max_sentences = int(_get(data, 'tokenizer_max_sentences'))
   if data.name == 'array_record':

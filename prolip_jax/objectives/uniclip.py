@@ -1,4 +1,4 @@
-"""UniCLIP training on the ProLIP towers: heads, parameters, loss, eval.
+"""UniCLIP on the ProLIP towers: heads, parameters, loss, eval encoders.
 
 Lee et al., "UniCLIP: Unified Framework for Contrastive Language-Image
 Pre-training" (NeurIPS 2022); the loss itself is ``losses.uniclip``.
@@ -26,15 +26,19 @@ view count from ``config.data.num_views`` and the domain weights from
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from prolip_jax import sharding as shd
 from prolip_jax.data import transforms
+from prolip_jax.embedding import normalize_images
 from prolip_jax.losses import uniclip as uniclip_loss
 from prolip_jax.models import heads as heads_lib
+from prolip_jax.objectives.base import Objective
 
 Array = jax.Array
 
@@ -65,21 +69,6 @@ def settings(config) -> dict[str, Any]:
   return dict(DEFAULTS, **given)
 
 
-def validate_config(config):
-  """Clear errors for UniCLIP settings that cannot train."""
-  if config.model.use_unc:
-    raise ValueError(f'objective {config.objective!r} is deterministic (its '
-                     'heads take the tower means; [UNC] would get no '
-                     'gradient): set model.use_unc=False')
-  num_views = config.data.get('num_views', 1)
-  if num_views < 2:
-    raise ValueError(f'objective {config.objective!r} needs '
-                     'data.num_views >= 2 augmented views per image (its '
-                     f'image-image positives; paper: 3), got {num_views}')
-  settings(config)  # unknown config.uniclip keys
-  resolve_weights(config.loss.get('mp_nce_weights', 'balanced'), num_views)
-
-
 def make_heads(config, model_cfg
                ) -> tuple[heads_lib.AugAwareImageHead, heads_lib.TextHead]:
   """(g_I, g_T) of section 2.1 for this run."""
@@ -104,12 +93,6 @@ def init_params(config, model_cfg, rng: Array) -> dict[str, Any]:
       image_head=image_head.init(r_img, h, aug)['params'],
       text_head=text_head.init(r_txt, h)['params'],
       **uniclip_loss.init_uniclip_params(s['init_tau'], s['init_offset']))
-
-
-def extra_params(config, model_cfg) -> Callable[[Array], dict[str, Any]]:
-  """``rng -> {'uniclip': init_params(...)}`` for
-  ``train.train_state_initializer``."""
-  return lambda rng: {PARAMS_KEY: init_params(config, model_cfg, rng)}
 
 
 def domain_scalars(uparams, min_tau: float) -> tuple[Array, Array]:
@@ -171,83 +154,23 @@ def embed_texts(model, params, config, tokens: Array) -> Array:
   return text_head.apply({'params': params[PARAMS_KEY]['text_head']}, h)
 
 
-def embed_images(model, params, config, images: Array, aug: Array) -> Array:
+def embed_images(model, params, config, images: Array, aug: Array,
+                 keep: Optional[Array] = None) -> Array:
   """``(b, V, s, s, 3)`` normalised views + ``(b, V, AUG_DIM)`` -> z ``(b, V, E)``.
 
   The views go through the tower as one batch of b * V images: the batch
   dimension stays leading, so a batch-sharded array keeps each device's rows
-  (and all their views) on that device.
+  (and all their views) on that device. ``keep``: optional ``(b * V, k)``
+  patch indices (token drop, as ``encode_image`` takes them).
   """
   b, v = images.shape[:2]
   h, _ = model.apply({'params': params},
-                     images.reshape(b * v, *images.shape[2:]),
+                     images.reshape(b * v, *images.shape[2:]), keep,
                      method='encode_image')
   image_head, _ = make_heads(config, model.config)
   z = image_head.apply({'params': params[PARAMS_KEY]['image_head']}, h,
                        aug.reshape(b * v, -1).astype(jnp.float32))
   return z.reshape(b, v, -1)
-
-
-def make_loss_fn(model, config, objective: Callable, normalize: Callable
-                 ) -> Callable:
-  """``loss_fn(params, teacher, batch, rng) -> (loss, metrics)``, train step.
-
-  Args:
-    model: the ``ProLIP`` module.
-    config: the run config (``data.num_views`` views per sample).
-    objective: ``objectives.objective('uniclip', ...)``, dense or sharded.
-    normalize: ``train.normalize_images``-style ``uint8 -> float``.
-
-  ``batch`` holds ``image (B, V, s, s, 3)`` uint8, ``aug (B, V, AUG_DIM)`` and
-  ``tokens (B, L)``. Metrics: the loss, its three domain-pair parts, tau_D and
-  b_D, and, for the log line, ``scale`` = 1 / tau_IT and ``bias`` = b_IT
-  (the image-text analogues of ProLIP's a and b).
-  """
-  min_tau = 1.0 / config.optim.max_logit_scale
-
-  def loss_fn(params, teacher, batch, rng):
-    # Nothing random on device (the views come from the pipeline), no teacher.
-    del teacher, rng
-    images = normalize(batch['image'], config.data.mean, config.data.std)
-    z_views, z_txt = embed(model, params, config, images, batch['aug'],
-                           batch['tokens'])
-    tau, offset = domain_scalars(params[PARAMS_KEY], min_tau)
-    loss, metrics = objective(z_views, z_txt, tau, offset)
-    for k, name in enumerate(('ii', 'it', 'tt')):
-      metrics[f'tau_{name}'] = tau[k]
-      metrics[f'offset_{name}'] = offset[k]
-    metrics['scale'] = 1.0 / tau[uniclip_loss.IT]
-    metrics['bias'] = offset[uniclip_loss.IT]
-    return loss, metrics
-
-  return loss_fn
-
-
-def eval_encoders(model, params, config, normalize: Callable
-                  ) -> tuple[Callable, Callable]:
-  """``(enc_img, enc_txt)`` into the shared space, for zero-shot eval.
-
-  The tower features h are not comparable across modalities here (only the
-  head outputs are trained to match), so evaluation goes through the heads,
-  the image head fed ``identity_aug_vector()`` (an un-augmented view, as the
-  eval transform gives). ``enc_img(uint8 (n, s, s, 3))`` and
-  ``enc_txt(tokens (n, L))`` return ``(unit z (n, E), None)``, the
-  ``encode_*`` convention of a deterministic model.
-  """
-  identity = jnp.asarray(transforms.identity_aug_vector())
-  unit = lambda z: z / jnp.linalg.norm(z, axis=-1, keepdims=True)
-
-  @jax.jit
-  def enc_img(x):
-    x = normalize(x, config.data.mean, config.data.std)[:, None]
-    aug = jnp.broadcast_to(identity, (x.shape[0], 1, identity.shape[0]))
-    return unit(embed_images(model, params, config, x, aug)[:, 0]), None
-
-  @jax.jit
-  def enc_txt(tokens):
-    return unit(embed_texts(model, params, config, tokens)), None
-
-  return enc_img, enc_txt
 
 
 def mean_scores(z_views: np.ndarray, z_txt: np.ndarray, temperatures,
@@ -289,3 +212,102 @@ def mean_scores(z_views: np.ndarray, z_txt: np.ndarray, temperatures,
   out['margin_min'] = float(margins.min())
   out['margin_mean'] = float(margins.mean())
   return out
+
+
+class UniCLIPObjective(Objective):
+  """MP-NCE (eq. 12) with eq. 16's domain scores over head embeddings of
+  ``data.num_views`` views and the captions; parameters in
+  ``params['uniclip']``; scored through the heads."""
+
+  name = 'uniclip'
+  multi_view = True
+  # The PyTorch/open_clip layout has no place for the heads.
+  exportable = False
+
+  def validate(self, config) -> None:
+    if config.model.use_unc:
+      raise ValueError(f'objective {self.name!r} is deterministic (its heads '
+                       'take the tower means; [UNC] would get no gradient): '
+                       'set model.use_unc=False')
+    num_views = config.data.get('num_views', 1)
+    if num_views < 2:
+      raise ValueError(f'objective {self.name!r} needs data.num_views >= 2 '
+                       'augmented views per image (its image-image '
+                       f'positives; paper: 3), got {num_views}')
+    settings(config)  # unknown config.uniclip keys
+    resolve_weights(config.loss.get('mp_nce_weights', 'balanced'), num_views)
+
+  def init_extra_params(self, config, model_cfg, rng):
+    return {PARAMS_KEY: init_params(config, model_cfg, rng)}
+
+  def local_loss(self, loss_cfg, axis_name: Optional[Any] = None):
+    """``f(z_views (b, V, E), z_txt (b, E), temperatures (3,), offsets (3,))``.
+
+    Views are batch-major like every other batch array (so they shard along
+    axis 0) and turned view-major, as ``mp_nce_loss`` wants, here. With
+    ``axis_name`` the arrays are local shards and the loss is the global one
+    (``mp_nce_loss_sharded``: local anchors against all-gathered candidates).
+    """
+    mode = loss_cfg.get('mp_nce_weights', 'balanced')
+
+    def mp_nce(z_views, z_txt, temperatures, offsets):
+      views = z_views.transpose(1, 0, 2)  # (V, b, E)
+      weights = resolve_weights(mode, views.shape[0])
+      if axis_name is None:
+        return uniclip_loss.mp_nce_loss(views, z_txt, temperatures, offsets,
+                                        weights)
+      return uniclip_loss.mp_nce_loss_sharded(views, z_txt, temperatures,
+                                              offsets, axis_name, weights)
+    return mp_nce
+
+  def shard_specs(self) -> tuple:
+    batch = P(shd.BATCH_AXES)
+    return (batch, batch, P(), P())
+
+  def make_loss_fn(self, model, config, mesh, mask_id: int):
+    """``batch`` holds ``image (B, V, s, s, 3)`` uint8, ``aug (B, V,
+    AUG_DIM)`` and ``tokens (B, L)``. Metrics: the loss, its three
+    domain-pair parts, tau_D and b_D, and, for the log line, ``scale`` =
+    1 / tau_IT and ``bias`` = b_IT (the image-text analogues of a and b)."""
+    del mask_id
+    loss_over = self.loss_over(config.loss, mesh)
+    min_tau = 1.0 / config.optim.max_logit_scale
+
+    def loss_fn(params, teacher, batch, rng):
+      # Nothing random on device (the views come from the pipeline).
+      del teacher, rng
+      images = normalize_images(batch['image'], config.data.mean,
+                                config.data.std)
+      z_views, z_txt = embed(model, params, config, images, batch['aug'],
+                             batch['tokens'])
+      tau, offset = domain_scalars(params[PARAMS_KEY], min_tau)
+      loss, metrics = loss_over(z_views, z_txt, tau, offset)
+      for k, name in enumerate(('ii', 'it', 'tt')):
+        metrics[f'tau_{name}'] = tau[k]
+        metrics[f'offset_{name}'] = offset[k]
+      metrics['scale'] = 1.0 / tau[uniclip_loss.IT]
+      metrics['bias'] = offset[uniclip_loss.IT]
+      return loss, metrics
+
+    return loss_fn
+
+  def encoders(self, model, params, config):
+    """Into the shared head space, unit-normalised, logvar None.
+
+    The tower features are not comparable across modalities here (only the
+    head outputs are trained to match), so images go through the image head
+    fed ``identity_aug_vector()`` (an un-augmented view, as the eval
+    transform gives) and texts through the text head.
+    """
+    identity = jnp.asarray(transforms.identity_aug_vector())
+    unit = lambda z: z / jnp.linalg.norm(z, axis=-1, keepdims=True)
+
+    def enc_img(x, keep=None):
+      aug = jnp.broadcast_to(identity, (x.shape[0], 1, identity.shape[0]))
+      z = embed_images(model, params, config, x[:, None], aug, keep)
+      return unit(z[:, 0]), None
+
+    def enc_txt(tokens):
+      return unit(embed_texts(model, params, config, tokens)), None
+
+    return enc_img, enc_txt

@@ -1,0 +1,48 @@
+"""``python -m prolip_jax.evaluate``: the evaluation command line.
+
+Flags are absl flags; the config is an ``ml_collections`` file and any value
+can be overridden with ``--config.x.y=...``::
+
+  python -m prolip_jax.evaluate --workdir DIR --config configs/eval/digits.py
+
+``DIR`` is a training workdir or an export directory (anything
+``prolip_jax.load`` reads).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from prolip_jax.evaluation import runner
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+DEFAULT_CONFIG = os.path.join(_REPO, 'configs', 'eval', 'digits.py')
+
+
+def main():
+  """Defines the flags and runs ``runner.run`` on ``--workdir``.
+
+  Flags are defined here, not at import, since ``prolip_jax.main`` defines
+  ``--config`` and ``--workdir`` too.
+  """
+  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG,
+                                  'Evaluation configuration file.')
+  flags.DEFINE_string('workdir', None, 'Training workdir or export directory '
+                      '(anything prolip_jax.load reads).', required=True)
+  flags.DEFINE_string('out', None, 'Output directory (default WORKDIR/eval).')
+  flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
+
+  def run_main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments {argv[1:]}')
+    logging.set_verbosity(logging.ERROR)
+    runner.run(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.out,
+               flags.FLAGS.step, log=lambda s: print(s, flush=True))
+
+  app.run(run_main)

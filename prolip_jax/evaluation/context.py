@@ -1,0 +1,72 @@
+"""What every evaluation suite gets: the model, its embedder, the data.
+
+A suite is ``suite(ctx: Context, cfg) -> (scalar metrics, JSON-able details,
+figure paths)``; ``runner.SUITES`` names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from prolip_jax import uncertainty
+from prolip_jax.evaluation.data import EvalData
+from prolip_jax.evaluation.embedder import Embedder
+
+
+class SkipSuite(Exception):
+  """A suite that does not apply (e.g. needs sigma^2 from a deterministic
+  model): ``run`` logs the reason and goes on."""
+
+
+@dataclasses.dataclass
+class Context:
+  model: Any
+  embedder: Embedder
+  data: EvalData
+  out_dir: str
+  seed: int = 0
+  data_cfg: Any = None
+  _images: Optional[tuple] = None
+
+  def image_embeddings(self) -> tuple:
+    if self._images is None:
+      self._images = self.embedder.images(self.data.images,
+                                          desc=f'{self.data.name} images')
+    return self._images
+
+  def figure(self, fig, name: str, expected_axes: Optional[int] = None
+             ) -> str:
+    if expected_axes is not None and len(fig.axes) != expected_axes:
+      raise AssertionError(f'{name}: {len(fig.axes)} axes, expected '
+                           f'{expected_axes}')
+    return uncertainty.save_figure(fig, os.path.join(self.out_dir, name))
+
+
+def metrics_for(ctx: Context, cfg) -> list[str]:
+  metrics = list(cfg.get('metrics', ('csd', 'cosine')))
+  if not ctx.embedder.probabilistic:
+    metrics = [m for m in metrics if m != 'csd'] or ['cosine']
+  return metrics
+
+
+def class_prompts(ctx: Context, templates) -> tuple:
+  data = ctx.data
+  prompts = [t.format(c) for c in data.class_names for t in templates]
+  mu, lv = ctx.embedder.texts(prompts, desc='prompts')
+  shape = (len(data.class_names), len(templates), -1)
+  return mu.reshape(shape), None if lv is None else lv.reshape(shape)
+
+
+def captions_at(data: EvalData, indices) -> tuple[list[str], np.ndarray]:
+  texts, owner = [], []
+  for i, caps in enumerate(data.captions):
+    sel = caps if indices is None else [caps[j] for j in indices]
+    texts += sel
+    owner += [i] * len(sel)
+  return texts, np.asarray(owner, np.int32)
+
+

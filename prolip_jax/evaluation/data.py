@@ -1,0 +1,62 @@
+"""Evaluation sets held in memory (``EvalData``) and their loaders."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from prolip_jax.data import digits
+
+
+@dataclasses.dataclass
+class EvalData:
+  """An evaluation set held in memory.
+
+  ``images``: ``(n, h, w, 3)`` uint8; ``labels``/``class_names``/``templates``
+  for zero-shot (optional); ``captions[i]``: image i's captions, ordered from
+  the most general to the most specific when they form a hierarchy;
+  ``level_names`` names those positions; ``label_sets`` for multi-label
+  zero-shot; ``keys`` name the images.
+  """
+  name: str
+  images: np.ndarray
+  keys: list[str]
+  labels: Optional[np.ndarray] = None
+  class_names: Optional[Sequence[str]] = None
+  templates: Optional[Sequence[str]] = None
+  captions: Optional[list[list[str]]] = None
+  level_names: Optional[Sequence[str]] = None
+  label_sets: Optional[list[list[int]]] = None
+
+
+DIGITS_LEVEL_NAMES = (
+    'name', 'numeral', "'a' + name", 'handwritten digit', '1 attribute',
+    '2 attributes', '3 attributes', '3 attributes, long')
+
+
+def digits_data(split: str = 'heldout', per_class: int = 0) -> EvalData:
+  """The bundled MNIST digits with all eight captions per image
+  (``digits.captions_for``; ``per_class`` > 0 keeps the first k of each
+  class)."""
+  images, labels = digits.split(split)
+  if per_class:
+    idx = np.concatenate([np.flatnonzero(labels == c)[:per_class]
+                          for c in range(len(digits.CLASS_NAMES))])
+    images, labels = images[idx], labels[idx]
+  else:
+    idx = np.arange(len(labels))
+  caps = digits.captions_for(images, labels)
+  return EvalData(
+      name=f'digits-{split}', images=np.repeat(images[..., None], 3, -1),
+      keys=[f'{split}-{i:05d}' for i in idx], labels=labels,
+      class_names=digits.CLASS_NAMES, templates=digits.EVAL_TEMPLATES,
+      captions=caps, level_names=DIGITS_LEVEL_NAMES)
+
+
+def load_data(cfg) -> EvalData:
+  if cfg.dataset == 'digits':
+    return digits_data(cfg.get('split', 'heldout'), cfg.get('per_class', 0))
+  raise ValueError(f'unknown eval dataset {cfg.dataset!r} (known: digits)')
+

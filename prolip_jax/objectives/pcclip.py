@@ -1,0 +1,126 @@
+"""PC-CLIP (Sam et al.): CLIP plus the difference-alignment term (eq. 1).
+
+Besides image-caption pairs, every step embeds a batch of image pairs
+(I_i, I_j) with a text T_ij describing how they differ (``data.pairs``) and
+adds ``loss.pcclip_weight`` times eq. 1 (with eq. 4's similarity, or eq. 5's
+squared form). The difference texts' words go into the tokenizer's corpus.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from prolip_jax import sharding as shd
+from prolip_jax.data import pairs
+from prolip_jax.embedding import normalize_images
+from prolip_jax.evaluation import train_time
+from prolip_jax.losses import difference_alignment_loss
+from prolip_jax.losses import difference_classify
+from prolip_jax.objectives.clip import CLIPObjective
+
+# Fields of config.loss that PC-CLIP reads.
+LOSS_FIELDS = ('pcclip_weight', 'pcclip_tau', 'pcclip_squared',
+               'pcclip_max_phrases')
+
+
+def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
+                     batch: dict, loss_cfg, mesh=None
+                     ) -> tuple[jax.Array, dict]:
+  """PC-CLIP's difference term (eq. 1 with eq. 4, or eq. 5) on a pair batch.
+
+  Args:
+    encode_image: uint8 ``(n, s, s, 3)`` images -> ``(n, d)`` normalised
+      embeddings g(I).
+    encode_text: ``(n, L)`` tokens -> ``(n, d)`` normalised embeddings f(T).
+    batch: with ``pair_image_i``, ``pair_image_j`` ``(B, s, s, 3)`` and
+      ``pair_tokens`` ``(B, L)`` (``data.pairs``).
+    loss_cfg: ``pcclip_tau`` (1/scale of eq. 4) and ``pcclip_squared``.
+    mesh: with several batch shards, the term runs in ``shard_map`` on the
+      ring (``difference_alignment_loss(..., axis_name)``).
+
+  Returns:
+    the unweighted term (scalar) and ``{'pcclip_diff': term,
+    'pcclip_diff_acc': ...}``; the accuracy is eq. 2 with T = T_ij itself (a
+    cheap training-time signal, chance 50%).
+  """
+  b = batch['pair_image_i'].shape[0]
+  # One image forward pass for both sides of the pairs.
+  g = encode_image(jnp.concatenate([batch['pair_image_i'],
+                                    batch['pair_image_j']]))
+  g_i, g_j = g[:b], g[b:]
+  f = encode_text(batch['pair_tokens'])
+  kwargs = dict(scale=1.0 / loss_cfg.pcclip_tau,
+                squared=bool(loss_cfg.pcclip_squared))
+  if mesh is None or shd.num_batch_shards(mesh) == 1:
+    term = difference_alignment_loss(g_i, g_j, f, **kwargs)
+  else:
+    batch_spec = P(shd.BATCH_AXES)
+    term = jax.shard_map(
+        lambda a, b_, c: difference_alignment_loss(
+            a, b_, c, axis_name=shd.BATCH_AXES, **kwargs),
+        mesh=mesh, in_specs=(batch_spec,) * 3, out_specs=P())(g_i, g_j, f)
+  acc = jnp.mean(difference_classify(g_i, g_j, f))
+  return term, {'pcclip_diff': term, 'pcclip_diff_acc': acc}
+
+
+class PCCLIPObjective(CLIPObjective):
+  """loss = CLIP(img, txt) + ``loss.pcclip_weight`` * eq. 1's term."""
+
+  name = 'pcclip'
+
+  def validate(self, config) -> None:
+    super().validate(config)
+    if config.model.use_unc:
+      raise ValueError("objective 'pcclip' uses deterministic towers: set "
+                       'model.use_unc=False (see configs/pcclip_tiny.py)')
+    missing = [k for k in LOSS_FIELDS if k not in config.loss]
+    if missing:
+      raise ValueError(f"objective 'pcclip' needs config.loss.{missing[0]} "
+                       f'(all of {LOSS_FIELDS}; defaults in '
+                       "presets.tiny_demo_config('pcclip'))")
+    if config.loss.pcclip_weight < 0:
+      raise ValueError('loss.pcclip_weight must be >= 0, got '
+                       f'{config.loss.pcclip_weight}')
+    if config.loss.pcclip_tau <= 0:
+      raise ValueError('loss.pcclip_tau must be > 0 (the paper uses 1.0), got '
+                       f'{config.loss.pcclip_tau}')
+    if int(config.loss.pcclip_max_phrases) < 0:
+      raise ValueError('loss.pcclip_max_phrases must be >= 0 (0: every '
+                       f'difference), got {config.loss.pcclip_max_phrases}')
+    if config.data.name != 'digits':
+      raise ValueError("objective 'pcclip' builds its difference pairs from "
+                       "per-record attributes, which only data.name='digits' "
+                       f'has for now (got {config.data.name!r})')
+
+  def extend_corpus(self, corpus):
+    # Difference texts are tokenized too: give their words pieces.
+    return lambda: corpus() + pairs.difference_corpus()
+
+  def wrap_dataset(self, config, dataset, source, tokenizer, image_size: int,
+                   process_index: int, process_count: int):
+    return pairs.pcclip_train_dataset(config, dataset, source, tokenizer,
+                                      image_size, process_index,
+                                      process_count)
+
+  def make_extra_fn(self, model, config, mesh):
+    del model
+    loss_cfg = config.loss
+    mean, std = config.data.mean, config.data.std
+
+    def add_pair_loss(loss, metrics, apply, batch):
+      term, extra = pcclip_pair_loss(
+          lambda x: apply(normalize_images(x, mean, std),
+                          method='encode_image')[0],
+          lambda t: apply(t, method='encode_text')[0], batch, loss_cfg, mesh)
+      loss = loss + loss_cfg.pcclip_weight * term
+      return loss, dict(metrics, **extra, loss=loss)
+
+    return add_pair_loss
+
+  def train_eval_metrics(self, encoders, tokenizer, config, image_size: int):
+    return train_time.difference_classification_digits(
+        encoders, tokenizer, config, image_size)

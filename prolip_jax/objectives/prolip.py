@@ -1,0 +1,106 @@
+"""ProLIP (Chun et al., ICLR 2025): PPCL + inclusion + VIB (eq. 6).
+
+Besides the batch's own embeddings, the inclusion terms need masked copies of
+every ``1/masking.fraction``-th sample: images keeping
+``masking.image_keep_ratio`` of their patches, captions with tokens replaced
+by [MASK] at rate ``masking.text_mask_prob`` (paper 3.3).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import jax
+
+from prolip_jax import sharding as shd
+from prolip_jax.losses import blockwise
+from prolip_jax.losses import GaussianBatch
+from prolip_jax.losses import prolip_loss
+from prolip_jax.models import masking
+from prolip_jax.objectives.base import loss_kwargs
+from prolip_jax.objectives.base import Objective
+
+
+def masking_stride(fraction: float) -> int:
+  """Every ``stride``-th sample gets a masked copy; 0 when masking is off.
+
+  Selecting by stride (rather than the first n samples of the batch) gives
+  the same global set of samples whatever the number of devices, and spreads
+  the extra work evenly over them.
+  """
+  if fraction <= 0:
+    return 0
+  stride = int(round(1.0 / fraction))
+  if abs(1.0 / stride - fraction) > 1e-6:
+    raise ValueError(f'masking.fraction must be 1/k for an integer k (e.g. '
+                     f'0.125 = 1/8), got {fraction}')
+  return stride
+
+
+def strided_rows(x: jax.Array, stride: int) -> jax.Array:
+  """Rows 0, stride, 2*stride, ... of ``x``."""
+  return x.reshape(x.shape[0] // stride, stride, *x.shape[1:])[:, 0]
+
+
+def strided_rows_first(x: jax.Array, shards: int, stride: int) -> jax.Array:
+  """Permutes rows so each shard starts with its ``strided_rows``, in order.
+
+  A joint permutation of image and text rows leaves every loss term
+  unchanged; after it, row i of a shard's masked copies belongs to row i of
+  that shard, which is how ``prolip_regularizers`` pairs them.
+  """
+  b = x.shape[0]
+  y = x.reshape(shards, b // shards // stride, stride, *x.shape[1:])
+  return jax.numpy.swapaxes(y, 1, 2).reshape(b, *x.shape[1:])
+
+
+class ProLIPObjective(Objective):
+  """``loss.alpha1/alpha2/beta/c/eps/guard/vib_release_quirk`` configure
+  eq. 6; ``masking.*`` the masked copies."""
+
+  name = 'prolip'
+  needs_unc = True
+
+  def validate(self, config) -> None:
+    super().validate(config)
+    masking_stride(config.masking.fraction)
+
+  def local_loss(self, loss_cfg, axis_name: Optional[Any] = None):
+    kwargs = loss_kwargs(loss_cfg)
+    if axis_name is None:
+      return lambda *a: prolip_loss(*a, **kwargs)
+    return lambda *a: blockwise.prolip_loss_blockwise(
+        *a, axis_name=axis_name, **kwargs)
+
+  def make_aux_fn(self, model, config, mesh, mask_id: int):
+    stride = masking_stride(config.masking.fraction)
+    if not stride:
+      return None
+    shards = shd.num_batch_shards(mesh)
+    local_batch = config.batch_size // shards
+    if local_batch % stride:
+      raise ValueError(f'the per-device batch {local_batch} must be a multiple '
+                       f'of 1/masking.fraction = {stride}')
+    model_cfg = model.config
+    reorder = functools.partial(strided_rows_first, shards=shards,
+                                stride=stride)
+
+    def masked_copies(model, params, teacher, images, tokens, img, txt, rng):
+      del teacher
+      apply = functools.partial(model.apply, {'params': params})
+      rng_img, rng_txt = jax.random.split(rng)
+      masked_images = strided_rows(images, stride)
+      keep = masking.random_keep_indices(
+          rng_img, masked_images.shape[0], model_cfg.num_patches,
+          config.masking.image_keep_ratio)
+      img_aux = GaussianBatch(*apply(masked_images, keep,
+                                     method='encode_image'))
+      masked_tokens = masking.mask_text_tokens(
+          rng_txt, strided_rows(tokens, stride), mask_id,
+          model_cfg.text.pad_id, config.masking.text_mask_prob)
+      txt_aux = GaussianBatch(*apply(masked_tokens, method='encode_text'))
+      return (jax.tree.map(reorder, img), jax.tree.map(reorder, txt),
+              img_aux, txt_aux)
+
+    return masked_copies
