@@ -17,8 +17,10 @@ import numpy as np
 import optax
 import pytest
 
+import prolip_jax
 from prolip_jax import checkpoint
 from prolip_jax import embedding
+from prolip_jax import inference
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
@@ -32,6 +34,7 @@ from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.losses import uniclip as uniclip_loss
 from prolip_jax.models import ProLIP
 
+from test_train import _tool
 from test_train import load_config
 
 
@@ -121,6 +124,7 @@ def test_uniclip_trains_and_separates_positives(tmp_path):
   assert last['offset_ii'] > 0.02 > -0.02 > last['offset_it'], last
   # Train-time eval ran through the heads.
   assert 'zeroshot_cosine_top1' in summary['eval']
+  _check_load_and_export(workdir, summary['eval'], tmp_path)
 
   tokenizer = Tokenizer(os.path.join(workdir, checkpoint.TOKENIZER_FILE),
                         c.model.text.context_length)
@@ -131,8 +135,8 @@ def test_uniclip_trains_and_separates_positives(tmp_path):
   tx, _ = train.make_optimizer(c.optim, c.total_steps)
   init, _ = train.train_state_initializer(
       model, tx, shd.make_mesh(c.mesh),
-      extra_params=functools.partial(objectives.get('uniclip').init_extra_params, c,
-                        model.config))
+      extra_params=functools.partial(
+          objectives.get('uniclip').init_extra_params, c, model.config))
   params0 = init(jax.random.key(0)).params
   batch = _heldout_batch(tokenizer, model.config.vision.image_size)
   before, after = _scores(model, [params0, params], c, batch)
@@ -144,6 +148,30 @@ def test_uniclip_trains_and_separates_positives(tmp_path):
   # bad than at init. Not yet above it: micro towers after 60 steps.
   assert after['margin_min'] > before['margin_min'] + 2.0, (before, after)
   assert after['above_it'] > before['above_it'], (before, after)
+
+
+def _check_load_and_export(workdir, train_eval, tmp_path):
+  """``prolip_jax.load`` scores a UniCLIP checkpoint through its heads (the
+  same zero-shot accuracy as the train-time eval); the export refuses it."""
+  model = prolip_jax.load(workdir)
+  assert model.objective == 'uniclip'
+  images, labels = digits.split('heldout')
+  rgb = np.repeat(images[..., None], 3, -1)
+  clf = model.zero_shot_classifier(list(digits.CLASS_NAMES),
+                                   list(digits.EVAL_TEMPLATES))
+  assert clf.var is None  # deterministic: cosine
+  acc = float(np.mean(clf.predict(rgb) == labels))
+  assert acc == pytest.approx(train_eval['zeroshot_cosine_top1'], abs=1e-9)
+  # The towers' own outputs score differently: that is what the heads change.
+  towers = inference.LoadedModel(model.config, model.params, model.tokenizer,
+                                 model.mean, model.std)
+  tower_acc = float(np.mean(towers.zero_shot_classifier(
+      list(digits.CLASS_NAMES), list(digits.EVAL_TEMPLATES)).predict(rgb)
+                            == labels))
+  assert tower_acc != acc
+  with pytest.raises(ValueError, match="'uniclip' checkpoint"):
+    _tool('export_pytorch').export(workdir, str(tmp_path / 'export'))
+  assert not os.path.exists(tmp_path / 'export' / 'model.safetensors')
 
 
 def test_uniclip_config_file_and_validation():
@@ -199,7 +227,7 @@ def test_uniclip_sharded_step_matches_single_device():
       lambda grads, state, params=None: (
           jax.tree.map(jnp.zeros_like, grads), grads))
   extra = functools.partial(objectives.get('uniclip').init_extra_params, c,
-                        model.config)
+                            model.config)
   results = {}
   for n in (1, 8):  # dense mp_nce_loss vs shard_map'd mp_nce_loss_sharded
     mesh = shd.make_mesh({'data': n, 'fsdp': 1, 'num_devices': n})
