@@ -6,7 +6,8 @@ dense loss on the same global batch, in value and in gradients (w.r.t. means
 and log-variances of both modalities, scale and bias, and for eq. 6 the masked
 copies), rtol 1e-5 in float32: PPCL and SigLIP for 1, 2, 3, 4, 5 and 8
 devices on one axis and 2x4 / 4x2 meshes with ``axis_name=('data', 'fsdp')``,
-eq. 6 on 3 devices, 8 devices and the 4x2 mesh.
+eq. 6 on 3 devices, 8 devices and the 4x2 mesh. CLIP's ring also against a
+float64 reference on nearly separated batches (losses 1e-2 .. 1e-7).
 
 Masked-copy convention under sharding: each device passes the masked copies of
 the first ``N_MASKED_LOCAL`` rows of its LOCAL shard, so the dense reference
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from scipy import optimize
 
 from prolip_jax import losses
 from prolip_jax.losses import blockwise
@@ -191,6 +193,81 @@ def test_clip_blockwise_matches_dense(shape, names, axis_name):
       np.testing.assert_allclose(
           np.asarray(g), np.asarray(g0), rtol=1e-4,
           atol=5e-5 * float(np.max(np.abs(np.asarray(g0)))))
+
+
+def _clip_ref64(img, txt, scale):
+  """CLIP's loss and gradients w.r.t. (img, txt, scale) in float64 numpy (as
+  ``clip_ref64`` in test_losses.py): log(1 + sum_{j != i} e^(L_ij - L_ii))
+  per row and column, G = (softmax_rows - I + softmax_cols - I) / (2 B) with
+  the diagonal summed from the negatives."""
+  img, txt = np.float64(img), np.float64(txt)
+  cos = img @ txt.T
+  logits = scale * cos
+  eye = np.eye(logits.shape[0], dtype=bool)
+
+  def direction(lg):
+    e = np.exp(lg - lg.max(axis=1, keepdims=True))
+    e_neg = np.where(eye, 0.0, e)
+    total = e.sum(axis=1, keepdims=True)
+    g = e_neg / total
+    g[eye] = -e_neg.sum(axis=1) / total[:, 0]
+    return np.log1p(e_neg.sum(axis=1) / np.diagonal(e)), g
+
+  (t_i2t, g_i2t), (t_t2i, g_t2i) = direction(logits), direction(logits.T)
+  g = (g_i2t + g_t2i.T) / (2 * logits.shape[0])
+  return (0.5 * (t_i2t.mean() + t_t2i.mean()),
+          (scale * g @ txt, scale * g.T @ img, np.sum(g * cos)))
+
+
+def _separated(n, d=64, seed=5):
+  """Unit images; texts within ~0.3 of their image (cosine ~0.96), so every
+  matching pair dominates its row and column."""
+  rng = np.random.default_rng(seed)
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  img = unit(rng.normal(size=(n, d)))
+  txt = unit(img + 0.3 * rng.normal(size=(n, d)) / np.sqrt(d))
+  return img.astype(np.float32), txt.astype(np.float32)
+
+
+@pytest.mark.parametrize('shape,names,axis_name,batch', [
+    ((8,), ('x',), 'x', 32),
+    ((8,), ('x',), 'x', 8),  # b_local = 1: the own block has no negatives
+    ((2, 4), ('data', 'fsdp'), ('data', 'fsdp'), 32),
+], ids=['8', '8-b_local1', 'data2xfsdp4'])
+def test_clip_blockwise_near_separated_matches_float64(shape, names,
+                                                       axis_name, batch):
+  """Losses 1e-2 .. 1e-7: value and gradients within 1e-4 (relative; for a
+  gradient max |g - g0| / max |g0|) of the float64 formula. The ring folds a
+  logsumexp of the negatives only; folding all B logits and subtracting the
+  positive cancels here (relative error ~1 at 1e-7)."""
+  f = jax.jit(jax.value_and_grad(_sharded(
+      lambda a, c, s: losses.clip_loss_blockwise(a, c, s, axis_name),
+      _mesh(shape, names), axis_name, 2, 1), (0, 1, 2)))
+  img, txt = _separated(batch)
+  for target in (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7):
+    scale = optimize.brentq(
+        lambda s: np.log(_clip_ref64(img, txt, s)[0] / target), 0.1, 300.0,
+        xtol=1e-12)
+    scale = float(np.float32(scale))
+    value0, grads0 = _clip_ref64(img, txt, scale)
+    value, grads = f(img, txt, jnp.float32(scale))
+    assert abs(float(value) - value0) <= 1e-4 * value0, (target, value,
+                                                         value0)
+    for g, g0 in zip(grads, grads0):
+      err = np.max(np.abs(np.float64(g) - g0)) / np.max(np.abs(g0))
+      assert err <= 1e-4, (target, err)
+
+
+def test_clip_blockwise_single_pair_is_zero_with_zero_gradients():
+  """B = 1: no negatives anywhere, loss 0 and finite (zero) gradients."""
+  f = jax.value_and_grad(_sharded(
+      lambda a, c, s: losses.clip_loss_blockwise(a, c, s, 'x'),
+      _mesh((1,), ('x',)), 'x', 2, 1), (0, 1, 2))
+  img, txt = _separated(1, d=8)
+  value, grads = f(img, txt, jnp.float32(10.0))
+  assert float(value) == 0.0
+  for g in grads:
+    np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
 # The ring of eq. 6 is ppcl_loss_blockwise's, covered on every config above;

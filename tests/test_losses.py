@@ -5,6 +5,7 @@ computation: numerical integration, Monte-Carlo sampling, a direct numpy
 transcription of the paper's formulas, or an explicit Python loop over pairs.
 """
 
+import functools
 import math
 
 import jax
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import integrate
+from scipy import optimize
 from scipy import special
 
 from prolip_jax.losses import contrastive
@@ -399,6 +401,128 @@ def test_clip_matches_cross_entropy(scale):
   ref = 0.5 * (cross_entropy(logits) + cross_entropy(logits.T))
   got = contrastive.clip_loss(img, txt, scale)
   np.testing.assert_allclose(float(got), ref, rtol=1e-5)
+
+
+# Near-separated batches: the positive logit dominates every row and column,
+# and the loss is ~ mean sum_{j != i} exp(L_ij - L_ii). The textbook form
+# logsumexp(row) - L_ii then cancels in float32 (relative error 1 at a loss of
+# 1e-7, and the same on the positive's gradient softmax_ii - 1), so these
+# tests fail on it; the softplus form keeps ~1e-6.
+CLIP_TARGETS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+CLIP_RTOL = 1e-4
+
+
+def separated_batch(seed, n, d, noise=0.3):
+  """Random unit images; texts = images + noise of norm ~``noise``, so the
+  matching cosine (~0.96) beats every other one in its row and column."""
+  rng = np.random.default_rng(seed)
+  img = _normalize(rng.normal(size=(n, d)))
+  txt = _normalize(img + noise * rng.normal(size=(n, d)) / math.sqrt(d))
+  return img.astype(np.float32), txt.astype(np.float32)
+
+
+def clip_ref64(img, txt, scale):
+  """CLIP's loss and its gradients w.r.t. (img, txt, scale), float64 numpy.
+
+  Value: 0.5 * mean over both directions of log(1 + sum_{j != i}
+  exp(L_ij - L_ii)). Gradients analytically: with G the cotangent of the
+  logits, G = (softmax_rows(L) - I + softmax_cols(L) - I) / (2 n), the
+  diagonal written as -(sum of the negatives' probabilities) so it keeps its
+  relative precision; then d/dimg = scale G txt, d/dtxt = scale G^T img,
+  d/dscale = sum(G * img txt^T).
+  """
+  img, txt = _f64(img), _f64(txt)
+  cos = img @ txt.T
+  logits = scale * cos
+  n = logits.shape[0]
+  eye = np.eye(n, dtype=bool)
+
+  def direction(lg):
+    """Per-row terms and the row-softmax-minus-one-hot, rows of ``lg``."""
+    e = np.exp(lg - lg.max(axis=1, keepdims=True))
+    e_neg = np.where(eye, 0.0, e)
+    total = e.sum(axis=1, keepdims=True)
+    terms = np.log1p(e_neg.sum(axis=1) / np.diagonal(e))
+    g = e_neg / total
+    g[eye] = -e_neg.sum(axis=1) / total[:, 0]
+    return terms, g
+
+  terms_i2t, g_i2t = direction(logits)
+  terms_t2i, g_t2i = direction(logits.T)
+  value = 0.5 * (terms_i2t.mean() + terms_t2i.mean())
+  g = (g_i2t + g_t2i.T) / (2 * n)
+  return value, (scale * g @ txt, scale * g.T @ img, float(np.sum(g * cos)))
+
+
+def scale_for_clip_loss(img, txt, target):
+  """The scale at which ``clip_ref64`` equals ``target`` (log-space root)."""
+  return optimize.brentq(
+      lambda s: math.log(clip_ref64(img, txt, s)[0] / target), 0.1, 300.0,
+      xtol=1e-12)
+
+
+def assert_clip_close(value, grads, value0, grads0, rtol=CLIP_RTOL):
+  """Relative error of the value, and of each gradient array as
+  max |g - g0| / max |g0| (its entries span orders of magnitude)."""
+  assert abs(float(value) - value0) <= rtol * value0, (float(value), value0)
+  for g, g0 in zip(grads, grads0):
+    g, g0 = _f64(g), _f64(g0)
+    err = np.max(np.abs(g - g0)) / np.max(np.abs(g0))
+    assert err <= rtol, (err, g, g0)
+
+
+_clip_value_and_grad = jax.jit(jax.value_and_grad(contrastive.clip_loss,
+                                                  (0, 1, 2)))
+
+
+@functools.lru_cache(maxsize=None)
+def _separated_scaled(target):
+  img, txt = separated_batch(12, 32, 64)
+  return img, txt, scale_for_clip_loss(img, txt, target)
+
+
+@pytest.mark.parametrize('target', CLIP_TARGETS)
+def test_clip_near_separated_matches_float64(target):
+  """float32 clip_loss and its gradients, losses 1e-2 .. 1e-7, rtol 1e-4."""
+  img, txt, scale = _separated_scaled(target)
+  value0, grads0 = clip_ref64(img, txt, scale)
+  np.testing.assert_allclose(value0, target, rtol=1e-9)
+  value, grads = _clip_value_and_grad(img, txt, jnp.float32(scale))
+  # scale is rounded to float32 too: the reference uses the same number.
+  value0, grads0 = clip_ref64(img, txt, float(np.float32(scale)))
+  assert_clip_close(value, grads, value0, grads0)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize('target', CLIP_TARGETS)
+def test_clip_near_separated_matches_open_clip(target):
+  """Against open_clip's ClipLoss (what CLIP/ProLIP trainings use), run in
+  float64: in float32 it cancels as the old formula did (relative error
+  ~1e-3 at a loss of 1e-5, ~0.4 at 1e-7), so it is no reference there."""
+  torch = pytest.importorskip('torch')
+  open_clip_loss = pytest.importorskip('open_clip.loss')
+  img, txt, scale = _separated_scaled(target)
+  scale = float(np.float32(scale))
+  leaves = [torch.tensor(_f64(x), requires_grad=True)
+            for x in (img, txt, scale)]
+  value_t = open_clip_loss.ClipLoss()(*leaves)
+  value_t.backward()
+  value0 = value_t.item()
+  grads0 = [x.grad.numpy() for x in leaves]
+  # The float64 reference above is the same function (to float64 rounding).
+  ref_value, ref_grads = clip_ref64(img, txt, scale)
+  assert_clip_close(ref_value, ref_grads, value0, grads0, rtol=1e-8)
+  value, grads = _clip_value_and_grad(img, txt, jnp.float32(scale))
+  assert_clip_close(value, grads, value0, grads0)
+
+
+def test_clip_single_pair_is_zero_with_zero_gradients():
+  """n = 1: no negatives, the loss is 0 identically (softplus(-inf))."""
+  img, txt = separated_batch(13, 1, 8)
+  value, grads = _clip_value_and_grad(img, txt, jnp.float32(10.0))
+  assert float(value) == 0.0
+  for g in grads:
+    np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
 # --------------------------------------------------------------------------

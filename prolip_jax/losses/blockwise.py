@@ -85,6 +85,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.losses.contrastive import infonce_terms
 from prolip_jax.losses.contrastive import siglip_logits
 from prolip_jax.losses.probabilistic import ALPHA1
 from prolip_jax.losses.probabilistic import ALPHA2
@@ -226,14 +227,17 @@ def clip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
                         axis_name: AxisName) -> Array:
   """``clip_loss`` of the global batch from this device's shard.
 
-  CLIP's symmetric InfoNCE needs, per row, a logsumexp over ALL B candidates
-  in each direction. Two unidirectional ring passes fold it online, one
-  ``b_local x b_local`` block of logits at a time: texts travel past the
-  local images (image-to-text), then images past the local texts
-  (text-to-image); the positives are the own block's diagonal. Memory per
-  device is O(b_local^2) for logits, as for the sigmoid losses; each pass is
-  N - 1 hops (one direction: a running logsumexp cannot merge the two ends
-  of a bidirectional ring any cheaper).
+  CLIP's symmetric InfoNCE needs, per row, a logsumexp over the B - 1
+  negatives in each direction; each row's term is then
+  ``softplus(lse_negatives - positive)`` (``contrastive.infonce_terms``:
+  no cancellation when the positive dominates, unlike logsumexp over all B
+  minus the positive). Two unidirectional ring passes fold that logsumexp
+  online, one ``b_local x b_local`` block of logits at a time: texts travel
+  past the local images (image-to-text), then images past the local texts
+  (text-to-image); the positives are the own block's diagonal, masked out of
+  the logsumexp there. Memory per device is O(b_local^2) for logits, as for
+  the sigmoid losses; each pass is N - 1 hops (one direction: a running
+  logsumexp cannot merge the two ends of a bidirectional ring any cheaper).
 
   Args:
     emb_img, emb_txt: ``(b_local, d)`` local shards of the L2-normalised
@@ -256,10 +260,15 @@ def clip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
       lse, diag = acc
       logits = scale * (rows @ blk.T)
       if is_own:
+        # The positives leave the logsumexp, which runs over negatives only.
+        # With b_local == 1 the own block has none: its logsumexp is -inf
+        # (and B == 1 leaves it so: softplus(-inf) == 0, zero gradients).
         diag = diag + jnp.diagonal(logits)
+        logits = jnp.where(jnp.eye(*logits.shape, dtype=bool), -jnp.inf,
+                           logits)
       return jnp.logaddexp(lse, jax.nn.logsumexp(logits, axis=1)), diag
     lse, diag = ring_fold(fold, cols, (neg_inf, zeros), axis_name)
-    return jnp.sum(lse - diag)
+    return jnp.sum(infonce_terms(lse, diag))
 
   total = direction(emb_img, emb_txt) + direction(emb_txt, emb_img)
   return 0.5 * jax.lax.psum(total, axis_name) / (b * _axis_size(axis_name))

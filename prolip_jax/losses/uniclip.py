@@ -53,6 +53,8 @@ from typing import Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.losses.contrastive import infonce_terms
+
 Array = jax.Array
 
 # Domain-pair indices: D(i, j) = domain_i + domain_j with image 0, text 1.
@@ -124,7 +126,9 @@ def _per_positive(logits: Array, positives: Array) -> Array:
   logits = jnp.asarray(logits, jnp.float32)
   neg_lse = jax.nn.logsumexp(jnp.where(positives, -jnp.inf, logits), axis=1,
                              keepdims=True)  # -inf if a row has no negatives
-  return jnp.where(positives, jnp.logaddexp(logits, neg_lse) - logits, 0.0)
+  # softplus(neg_lse - l_ip), not logaddexp(l_ip, neg_lse) - l_ip: the same
+  # value, without the cancellation when the positive dominates.
+  return jnp.where(positives, infonce_terms(neg_lse, logits), 0.0)
 
 
 def mp_nce_from_logits(logits: Array, positives: Array,
