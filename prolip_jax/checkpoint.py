@@ -6,18 +6,38 @@ Layout: ``WORKDIR/checkpoints/<step>/`` holds three Orbax items:
 checkpoint directory is enough to rebuild the model. Objectives with an EMA
 teacher (OTTER) add a fourth item, ``teacher`` (parameters like ``params``).
 The sentencepiece model a run uses is copied to ``WORKDIR/tokenizer.model``.
+
+Integrity: ``meta`` carries a checksum of every array item, computed on the
+device before the write and checked after every restore, so garbled bytes are
+caught even where the storage layer reads them without complaint. A
+checkpoint with non-finite parameters is never written. ``restore_newest``
+and ``load_params`` fall back from an unreadable step to the newest one that
+restores, saying so in one line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
-from typing import Any, Optional
+import shutil
+import sys
+from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from prolip_jax import errors
+
 CHECKPOINT_DIR = 'checkpoints'
+UNREADABLE_DIR = 'checkpoints_unreadable'
 TOKENIZER_FILE = 'tokenizer.model'
+ARRAY_ITEMS = ('params', 'opt_state', 'teacher')
+
+
+class ChecksumError(ValueError):
+  """A restored item's bytes differ from what was saved."""
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -29,14 +49,62 @@ def manager(workdir: str, max_to_keep: Optional[int] = 3,
             save_interval_steps: int = 1, read_only: bool = False
             ) -> ocp.CheckpointManager:
   """A CheckpointManager over ``WORKDIR/checkpoints`` with our three items."""
-  if read_only:
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+  if read_only:  # opens without creating or deleting anything
+    options = ocp.CheckpointManagerOptions(create=False)
   else:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, save_interval_steps=save_interval_steps)
+  # Handlers for every item, so that restoring some of them does not warn
+  # about the others.
+  handlers = {name: ocp.StandardCheckpointHandler() for name in ARRAY_ITEMS}
+  handlers['meta'] = ocp.JsonCheckpointHandler()
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                               item_names=('params', 'opt_state', 'meta',
-                                           'teacher'))
+                               item_handlers=handlers)
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+  """uint32 position-weighted sum of the bits of ``x``; exact and the same
+  however ``x`` is sharded (modular sums do not depend on order)."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    bits = x.astype(jnp.uint32)
+  else:
+    width = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[
+        x.dtype.itemsize]
+    bits = jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32)
+  bits = bits.reshape(-1)
+  # Odd weights: changing any one element always changes the sum.
+  weights = jnp.arange(bits.size, dtype=jnp.uint32) * 2 + 1
+  return jnp.sum(bits * weights * jnp.uint32(2654435761), dtype=jnp.uint32)
+
+
+@jax.jit
+def _tree_checksums_and_finite(tree: Any) -> tuple[Any, jax.Array]:
+  sums = jax.tree.map(_leaf_checksum, tree)
+  finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return sums, jnp.all(jnp.stack(finite)) if finite else jnp.asarray(True)
+
+
+def checksum(tree: Any) -> tuple[str, bool]:
+  """``(hex digest, all floating leaves finite)`` of a pytree of arrays."""
+  sums, finite = jax.device_get(_tree_checksums_and_finite(tree))
+  digest = hashlib.sha256()
+  for path, value in jax.tree_util.tree_flatten_with_path(sums)[0]:
+    digest.update(f'{jax.tree_util.keystr(path)}={int(value)};'.encode())
+  return digest.hexdigest()[:32], bool(finite)
+
+
+def verify(items: dict[str, Any], meta: dict[str, Any]):
+  """Raises ``ChecksumError`` if a restored item differs from the saved one
+  (checkpoints written before checksums existed are not checked)."""
+  saved = meta.get('checksums') or {}
+  for name, tree in items.items():
+    if tree is None or name not in saved:
+      continue
+    if checksum(tree)[0] != saved[name]:
+      raise ChecksumError(f'{name} checksum differs from the one saved '
+                          '(corrupted bytes)')
 
 
 def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
@@ -45,12 +113,21 @@ def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
   """Saves (asynchronously) one checkpoint; returns whether it was written.
 
   ``teacher``: EMA-teacher parameters (OTTER), saved as their own item.
+  Parameters with a NaN or infinity are not written (a warning says so):
+  a checkpoint is a model worth resuming from.
   """
-  items = dict(params=ocp.args.StandardSave(params),
-               opt_state=ocp.args.StandardSave(opt_state))
+  trees = dict(params=params, opt_state=opt_state)
   if teacher is not None:
-    items['teacher'] = ocp.args.StandardSave(teacher)
-  meta = dict(meta, has_teacher=teacher is not None)
+    trees['teacher'] = teacher
+  sums = {}
+  for name, tree in trees.items():
+    sums[name], finite = checksum(tree)
+    if not finite and name != 'opt_state':
+      print(f'warning: step {step}: {name} are not finite; checkpoint not '
+            'written', file=sys.stderr, flush=True)
+      return False
+  items = {k: ocp.args.StandardSave(v) for k, v in trees.items()}
+  meta = dict(meta, has_teacher=teacher is not None, checksums=sums)
   return mngr.save(step, args=ocp.args.Composite(
       meta=ocp.args.JsonSave(meta), **items), force=force)
 
@@ -67,15 +144,125 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
   written by ``tools/import_pytorch.py``, and the EMA teacher (asked for with
   ``abstract_teacher``) of a checkpoint from an objective without one.
   """
-  meta = mngr.restore(step, args=ocp.args.Composite(
-      meta=ocp.args.JsonRestore()))['meta']
+  meta = read_meta(mngr, step)
   items = {'params': ocp.args.StandardRestore(abstract_params)}
   if meta.get('has_opt_state', True):
     items['opt_state'] = ocp.args.StandardRestore(abstract_opt_state)
   if abstract_teacher is not None and meta.get('has_teacher', False):
     items['teacher'] = ocp.args.StandardRestore(abstract_teacher)
   out = mngr.restore(step, args=ocp.args.Composite(**items))
+  verify({k: out.get(k) for k in ARRAY_ITEMS}, meta)
   return (out['params'], out.get('opt_state'), out.get('teacher'), meta)
+
+
+def read_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+  """The ``meta`` item (step, run config, model config) of one step."""
+  return mngr.restore(step, args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))['meta']
+
+
+def _reason(e: BaseException) -> str:
+  while e.__cause__ is not None:  # the storage layer's own words
+    e = e.__cause__
+  text = ' '.join(str(e).split()) or type(e).__name__
+  return f'{type(e).__name__}: {text[:200]}'
+
+
+def _is_failed_read_echo(exc: Optional[BaseException]) -> bool:
+  return (isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed'
+          ) or str(exc).startswith('Encountered error while reading array')
+
+
+class _FailedReadEchoFilter(logging.Filter):
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    return not _is_failed_read_echo(exc)
+
+
+def _quiet_failed_read_echoes():
+  """When one array of a checkpoint fails to read, TensorStore's other
+  pending reads fail after Orbax has given up, and Python prints a traceback
+  for each (thousands of lines repeating the one reason we report); drop
+  exactly those."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'prolip_quiet', False):
+    return
+
+  def hook(unraisable):
+    if not _is_failed_read_echo(unraisable.exc_value):
+      previous(unraisable)
+
+  hook.prolip_quiet = True
+  sys.unraisablehook = hook
+  logging.getLogger('asyncio').addFilter(_FailedReadEchoFilter())
+
+
+def _newest_readable(mngr: ocp.CheckpointManager, read: Callable[[int], Any],
+                     what: str, on_unreadable: Optional[Callable] = None):
+  """``(step, read(step))`` for the newest step ``read`` succeeds on.
+
+  Each unreadable step is reported in one line on stderr (step, path,
+  reason) and handed to ``on_unreadable(step)``; raises ``CheckpointError``
+  when no step reads.
+  """
+  _quiet_failed_read_echoes()
+  steps = sorted(mngr.all_steps(), reverse=True)
+  first_failure = None
+  for i, step in enumerate(steps):
+    try:
+      return step, read(step)
+    except Exception as e:  # pylint: disable=broad-except
+      # Any failure to read one step (truncated file, bad checksum, missing
+      # item) sends us to the previous step; the message says why.
+      path = os.path.join(str(mngr.directory), str(step))
+      first_failure = first_failure or f'step {step} ({path}): {_reason(e)}'
+      older = (f'trying step {steps[i + 1]}' if i + 1 < len(steps)
+               else 'no older step')
+      if on_unreadable is not None:
+        note = on_unreadable(step)
+        older = f'{note}; {older}' if note else older
+      print(f'warning: checkpoint step {step} at {path} cannot be read '
+            f'({_reason(e)}); {older}', file=sys.stderr, flush=True)
+  raise errors.CheckpointError(
+      f'no readable {what} under {mngr.directory}; newest failure: '
+      f'{first_failure}')
+
+
+def restore_newest(mngr: ocp.CheckpointManager, abstract_params: Any,
+                   abstract_opt_state: Any,
+                   abstract_teacher: Optional[Any] = None,
+                   set_aside: bool = False):
+  """``(step, (params, opt_state, teacher, meta))`` of the newest step that
+  restores and matches its checksums, or None without checkpoints.
+
+  ``set_aside``: move each unreadable step to ``WORKDIR/checkpoints_
+  unreadable/<step>`` (nothing is deleted), so that training can write that
+  step again.
+  """
+  if not mngr.all_steps():
+    return None
+
+  def move(step):
+    if not set_aside or jax.process_index() != 0:
+      return ''
+    src = os.path.join(str(mngr.directory), str(step))
+    dst_dir = os.path.join(os.path.dirname(str(mngr.directory)),
+                           UNREADABLE_DIR)
+    os.makedirs(dst_dir, exist_ok=True)
+    dst = os.path.join(dst_dir, str(step))
+    while os.path.exists(dst):
+      dst += '_'
+    shutil.move(src, dst)
+    return f'moved to {dst}'
+
+  found = _newest_readable(
+      mngr, lambda step: restore(mngr, step, abstract_params,
+                                 abstract_opt_state, abstract_teacher),
+      'checkpoint', move)
+  if set_aside:
+    mngr.reload()
+  return found
 
 
 def latest_step(workdir: str) -> Optional[int]:
@@ -90,7 +277,8 @@ def load_params(workdir: str, step: Optional[int] = None,
                 item: str = 'params') -> tuple[Any, dict[str, Any]]:
   """Parameters (host numpy/jax arrays) and meta of one checkpoint.
 
-  No optimizer state is read. ``step`` defaults to the latest one; ``item``
+  No optimizer state is read. ``step`` defaults to the newest step that
+  reads (an unreadable newer one is reported and skipped); ``item``
   'teacher' reads an OTTER run's EMA teacher instead of the student. Raises
   ``FileNotFoundError`` with the path when there is no checkpoint (or no
   teacher in it).
@@ -98,23 +286,34 @@ def load_params(workdir: str, step: Optional[int] = None,
   if not os.path.isdir(checkpoint_dir(workdir)):
     raise FileNotFoundError(f'no checkpoints under {checkpoint_dir(workdir)}')
   with manager(workdir, read_only=True) as mngr:
-    step = mngr.latest_step() if step is None else step
-    if step is None or step not in mngr.all_steps():
+    if step is not None and step not in mngr.all_steps():
       raise FileNotFoundError(
           f'no checkpoint for step {step} under {checkpoint_dir(workdir)}; '
           f'have {sorted(mngr.all_steps())}')
-    meta = mngr.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))['meta']
-    if item == 'teacher' and not meta.get('has_teacher', False):
-      raise FileNotFoundError(f'checkpoint {step} under '
-                              f'{checkpoint_dir(workdir)} has no EMA teacher')
-    abstract = mngr.item_metadata(step)[item]
-    # Restore onto the local default device whatever sharding it was saved
-    # with, so a pod checkpoint opens on a laptop.
-    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
-        abstract)
-    params = mngr.restore(step, args=ocp.args.Composite(
-        **{item: ocp.args.StandardRestore(target)}))[item]
-  return params, meta
+    if not mngr.all_steps():
+      raise FileNotFoundError(f'no checkpoints under '
+                              f'{checkpoint_dir(workdir)}')
+
+    def read(step):
+      meta = read_meta(mngr, step)
+      if item == 'teacher' and not meta.get('has_teacher', False):
+        raise FileNotFoundError(f'checkpoint {step} under '
+                                f'{checkpoint_dir(workdir)} has no EMA '
+                                'teacher')
+      abstract = mngr.item_metadata(step)[item]
+      # Restore onto the local default device whatever sharding it was saved
+      # with, so a pod checkpoint opens on a laptop.
+      sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      target = jax.tree.map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+          abstract)
+      params = mngr.restore(step, args=ocp.args.Composite(
+          **{item: ocp.args.StandardRestore(target)}))[item]
+      verify({item: params}, meta)
+      return params, meta
+
+    if step is not None:
+      return read(step)
+    if item == 'teacher':  # a missing teacher is not a damaged checkpoint
+      return read(mngr.latest_step())
+    return _newest_readable(mngr, read, 'checkpoint')[1]

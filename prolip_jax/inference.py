@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from prolip_jax import checkpoint
+from prolip_jax import errors
 from prolip_jax import objectives
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
@@ -143,18 +144,34 @@ def load(path: str, step: Optional[int] = None) -> LoadedModel:
                      run_config=run_cfg)
 
 
+def inside(directory: str, name: str) -> str:
+  """``directory/name``, refusing a ``name`` that leads outside
+  ``directory`` (an absolute path, ``..``, or a symlink out of it)."""
+  root = os.path.realpath(directory)
+  full = os.path.realpath(os.path.join(root, name))
+  if os.path.commonpath([root, full]) != root:
+    raise errors.CheckpointError(f'{name!r} named in {directory} points '
+                                 'outside that directory; refusing to read it')
+  return full
+
+
 def _load_export(path: str) -> LoadedModel:
   import json  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   from prolip_jax import convert  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(path, EXPORT_CONFIG)) as f:
-    cfg_json = json.load(f)
+  config_path = os.path.join(path, EXPORT_CONFIG)
+  try:
+    with open(config_path) as f:
+      cfg_json = json.load(f)
+  except (OSError, ValueError) as e:
+    raise errors.CheckpointError(f'{config_path}: cannot read the export '
+                                 f'config ({e})') from e
   model_cfg = convert.model_config_from_json(cfg_json)
   params, _ = convert.state_dict_to_params(
       load_file(os.path.join(path, EXPORT_WEIGHTS)), model_cfg)
   extra = cfg_json.get('prolip_jax', {})
   tokenizer = Tokenizer(
-      os.path.join(path, extra.get('tokenizer_file', checkpoint.TOKENIZER_FILE)),
+      inside(path, extra.get('tokenizer_file', checkpoint.TOKENIZER_FILE)),
       model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
       mask_id=extra.get('mask_id'))
   return LoadedModel(model_cfg, params, tokenizer,

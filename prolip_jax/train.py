@@ -16,8 +16,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -31,7 +29,10 @@ import numpy as np
 import optax
 
 from prolip_jax import checkpoint
+from prolip_jax import config_drift
+from prolip_jax import errors
 from prolip_jax import objectives
+from prolip_jax import progress
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
 from prolip_jax.data import records
@@ -42,6 +43,7 @@ from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.workdir_lock import WorkdirLock
 
 
 @flax.struct.dataclass
@@ -89,15 +91,30 @@ def make_optimizer(optim, total_steps: int
 def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                     tx: optax.GradientTransformation, schedule: optax.Schedule,
                     mesh, mask_id: int) -> Callable:
-  """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted."""
+  """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted.
+
+  A step whose loss or gradient is not finite changes nothing but the step
+  counter (parameters, optimizer state and teacher stay as they were) and
+  reports ``metrics['nonfinite'] = 1``.
+  """
   objective = objectives.get(config.objective)
   loss_fn = objective.make_loss_fn(model, config, mesh, mask_id)
   max_log_scale = math.log(config.optim.max_logit_scale)
+  nan_steps = tuple(config.get('debug_nan_steps', ()))
+
+  def loss_at(params, teacher, batch, rng, step):
+    loss, metrics = loss_fn(params, teacher, batch, rng)
+    if nan_steps:  # fault injection for tests: these steps' loss becomes NaN
+      poison = jnp.where(jnp.isin(step + 1, jnp.asarray(nan_steps)),
+                         jnp.nan, 1.0)
+      loss, metrics = loss * poison, dict(metrics,
+                                          loss=metrics['loss'] * poison)
+    return loss, metrics
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(
-        state.params, state.teacher, batch, rng)
+    grads, metrics = jax.grad(loss_at, has_aux=True)(
+        state.params, state.teacher, batch, rng, state.step)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     # As in the release: keep the temperature a = exp(log a) within [1, 100].
@@ -106,7 +123,13 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
     teacher = objective.update_teacher(config, state.teacher, params)
     metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['lr'] = schedule(state.step)
-    return TrainState(state.step + 1, params, opt_state, teacher), metrics
+    finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
+    metrics['nonfinite'] = (~finite).astype(jnp.float32)
+    keep_old = functools.partial(jax.tree.map,
+                                 lambda new, old: jnp.where(finite, new, old))
+    return TrainState(state.step + 1, keep_old(params, state.params),
+                      keep_old(opt_state, state.opt_state),
+                      keep_old(teacher, state.teacher)), metrics
 
   return train_step
 
@@ -209,66 +232,48 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
   return jax.jit(init_state, out_shardings=shardings), shardings
 
 
-class MetricWriter:
-  """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars."""
-
-  def __init__(self, workdir: str, enabled: bool):
-    self.enabled = enabled
-    self.path = os.path.join(workdir, 'metrics.jsonl')
-    self.tb = None
-    if enabled:
-      try:
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-        self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      except ImportError:  # TensorBoard output is a convenience
-        logging.warning('tensorboardX missing: no TensorBoard event files')
-
-  def write(self, step: int, scalars: dict[str, float]):
-    if not self.enabled:
-      return
-    row = {'step': int(step)}
-    row.update({k: float(v) for k, v in scalars.items()})
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
-    if self.tb is not None:
-      for k, v in scalars.items():
-        self.tb.add_scalar(k, float(v), int(step))
-      self.tb.flush()
-
-  def close(self):
-    if self.tb is not None:
-      self.tb.close()
-
-
-class _StopFlag:
-  """Turns SIGTERM into a checkpoint-then-exit at the next step boundary."""
-
-  def __init__(self):
-    self.stop = False
-    try:
-      signal.signal(signal.SIGTERM, self._handler)
-    except ValueError:  # not in the main thread
-      pass
-
-  def _handler(self, signum, frame):
-    del signum, frame
-    self.stop = True
-
-
-def _fmt_time(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f'{h:d}:{m:02d}:{s:02d}'
-
-
 # ----------------------------------------------------------------------------
 # The loop
 
 
+def _stored_config(mngr) -> Optional[tuple[int, dict]]:
+  """``(step, meta)`` of the newest checkpoint whose meta reads, or None."""
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      return step, checkpoint.read_meta(mngr, step)
+    except Exception:  # pylint: disable=broad-except
+      continue  # reported when its arrays fail to restore
+  return None
+
+
+def _check_drift(config, workdir: str, is_chief: bool):
+  """Stops on settings that would change the model or the data of the run
+  stored in the workdir; prints the other changes (they apply)."""
+  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
+    return
+  with checkpoint.manager(workdir, read_only=True) as mngr:
+    stored = _stored_config(mngr)
+  if stored is None:
+    return
+  step, meta = stored
+  old = meta.get('config') or {}
+  new = json.loads(config.to_json_best_effort())
+  if not meta.get('has_opt_state', True):
+    # Imported weights (step 0): only the model has to match.
+    old, new = {'model': old.get('model', {})}, {'model': new['model']}
+  applied = config_drift.check(old, new, step)
+  if applied and is_chief:
+    print(f'Resuming step {step} with changed settings (applied): '
+          + '; '.join(applied), flush=True)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        max_steps: Optional[int] = None) -> dict[str, Any]:
-  """Trains (resuming from the latest checkpoint) and evaluates.
+  """Trains (resuming from the newest readable checkpoint) and evaluates.
+
+  Holds ``WORKDIR/.lock`` while it runs (a second run on the workdir stops
+  with ``WorkdirLockedError``). User mistakes (config, files, drift from the
+  stored run, divergence) raise ``errors.UserError`` subclasses.
 
   Args:
     config: a run config (see ``configs/``).
@@ -277,53 +282,80 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       spans ``config.total_steps``); for tests of interruption and resume.
 
   Returns:
-    A summary dict: ``step``, ``checkpoint`` (path), final ``eval`` metrics
-    and the last training metrics.
+    A summary dict: ``step``, ``checkpoint`` (path), final ``eval`` metrics,
+    the last training metrics and ``preempted`` (stopped by SIGTERM).
   """
-  validate_config(config)
-  objective = objectives.get(config.objective)
+  with errors.config_errors():
+    validate_config(config)
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
+  lock = WorkdirLock(workdir)
+  failure = None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except errors.WorkdirLockedError as e:
+      failure = e
+  if jax.process_count() > 1:  # every process stops if process 0 could not
+    held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
+    if not held and failure is None:
+      failure = errors.WorkdirLockedError(
+          f'workdir {workdir} is in use (see process 0)')
+  if failure is not None:
+    raise failure
+  try:
+    return _train_and_evaluate(config, workdir, max_steps)
+  finally:
+    lock.release()
+
+
+def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
+  objective = objectives.get(config.objective)
   is_chief = jax.process_index() == 0
-  mesh = shd.make_mesh(config.mesh)
-  shards = shd.num_batch_shards(mesh)
-  if config.batch_size % shards:
-    raise ValueError(f'batch_size {config.batch_size} is not divisible by the '
-                     f'{shards} batch shards of mesh {dict(mesh.shape)}')
+  _check_drift(config, workdir, is_chief)
+  with errors.config_errors():
+    mesh = shd.make_mesh(config.mesh)
+    shards = shd.num_batch_shards(mesh)
+    if config.batch_size % shards:
+      raise ValueError(f'batch_size {config.batch_size} is not divisible by '
+                       f'the {shards} batch shards of mesh '
+                       f'{dict(mesh.shape)}')
+    source, corpus = sources.train_source(config)
+    if corpus is not None:
+      corpus = objective.extend_corpus(corpus)
+    tokenizer = setup_tokenizer(config, workdir, corpus)
+    model_cfg = model_config_for(config, tokenizer)
+    model = ProLIP(model_cfg)
+    tx, schedule = make_optimizer(config.optim, config.total_steps)
+    dataset = pipeline.train_dataset(
+        source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
+        global_batch_size=config.batch_size, seed=config.seed,
+        augment=augment_config(config.data),
+        num_views=config.data.get('num_views', 1),
+        process_index=jax.process_index(),
+        process_count=jax.process_count())
+    dataset = objective.wrap_dataset(
+        config, dataset, source, tokenizer, model_cfg.vision.image_size,
+        jax.process_index(), jax.process_count())
 
-  source, corpus = sources.train_source(config)
-  if corpus is not None:
-    corpus = objective.extend_corpus(corpus)
-  tokenizer = setup_tokenizer(config, workdir, corpus)
-  model_cfg = model_config_for(config, tokenizer)
-  model = ProLIP(model_cfg)
-  tx, schedule = make_optimizer(config.optim, config.total_steps)
-  dataset = pipeline.train_dataset(
-      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
-      global_batch_size=config.batch_size, seed=config.seed,
-      augment=augment_config(config.data),
-      num_views=config.data.get('num_views', 1),
-      process_index=jax.process_index(), process_count=jax.process_count())
-  dataset = objective.wrap_dataset(
-      config, dataset, source, tokenizer, model_cfg.vision.image_size,
-      jax.process_index(), jax.process_count())
-
-  root_rng = jax.random.key(config.seed)
-  init_rng, step_rng = jax.random.split(root_rng)
-  with_teacher = objective.uses_teacher
-  init_state, state_shardings = train_state_initializer(
-      model, tx, mesh, with_teacher=with_teacher,
-      extra_params=lambda rng: objective.init_extra_params(config, model_cfg,
-                                                           rng))
+    root_rng = jax.random.key(config.seed)
+    init_rng, step_rng = jax.random.split(root_rng)
+    with_teacher = objective.uses_teacher
+    init_state, state_shardings = train_state_initializer(
+        model, tx, mesh, with_teacher=with_teacher,
+        extra_params=lambda rng: objective.init_extra_params(
+            config, model_cfg, rng))
+    abstract = jax.eval_shape(init_state, init_rng)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
-  start = mngr.latest_step()
-  if start is None:
+  restored = checkpoint.restore_newest(
+      mngr, abstract.params, abstract.opt_state, abstract.teacher,
+      set_aside=True)
+  if restored is None:
+    start = 0
     state = init_state(init_rng)
   else:
-    abstract = jax.eval_shape(init_state, init_rng)
-    params, opt_state, teacher, _ = checkpoint.restore(
-        mngr, start, abstract.params, abstract.opt_state, abstract.teacher)
+    start, (params, opt_state, teacher, _) = restored
     if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
       opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
           params)
@@ -337,7 +369,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state,
                        teacher)
     logging.info('Resumed from step %d', start)
-  start = start or 0
 
   train_step = jax.jit(
       make_train_step(model, config, tx, schedule, mesh, tokenizer.mask_id),
@@ -346,10 +377,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       out_shardings=(state_shardings, shd.replicated(mesh)),
       donate_argnums=(0,))
 
-  writer = MetricWriter(workdir, is_chief)
+  writer = progress.MetricWriter(workdir, is_chief)
   meta = {'config': json.loads(config.to_json_best_effort()),
           'model': model_cfg.to_dict()}
-  stopper = _StopFlag()
+  stopper = progress.StopFlag()
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
   data_iter = pipeline.iterate_from(dataset, start, config.data.num_workers,
@@ -364,7 +395,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
 
-  def run_eval(step):
+  def run_eval():
     # The built-in train-time eval is the held-out digits; other data sets are
     # evaluated with `python -m prolip_jax.evaluate` on a checkpoint.
     if config.data.name != 'digits':
@@ -376,7 +407,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     results = train_time.zero_shot_digits(encoders, tokenizer, config, size)
     results.update(objective.train_eval_metrics(encoders, tokenizer, config,
                                                 size))
-    writer.write(step, {f'eval/{k}': v for k, v in results.items()})
     return results
 
   if is_chief:
@@ -388,24 +418,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   last_metrics: dict[str, float] = {}
   t_log, step_log = time.time(), step
   t_start = time.time()
-  eval_results: dict[str, float] = {}
+  monitor = progress.NonFiniteMonitor(config.get('max_nonfinite_steps', 5),
+                             mngr.latest_step)
   try:
     while step < end and not stopper.stop:
       try:
         local_batch = next(data_iter)
       except records.BadRecordError:
+        monitor.flush()
         save(step, force=True)  # keep the progress; the data needs fixing
-        mngr.wait_until_finished()
         raise
       batch = shd.host_to_global(mesh, local_batch)
       state, metrics = train_step(state, batch, step_rng)
       step += 1
+      monitor.add(step, metrics['nonfinite'])
       if step % config.log_every_steps == 0 or step == end:
         metrics = jax.device_get(metrics)
         now = time.time()
         rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
         last_metrics = {k: float(np.asarray(v)) for k, v in metrics.items()}
         last_metrics['samples_per_sec'] = rate
+        monitor.flush()
+        last_metrics['nonfinite_steps'] = monitor.total
         bad = sources.bad_record_stats(source)
         if bad is not None:
           last_metrics['data/bad_records'] = bad['bad']
@@ -413,43 +447,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           last_metrics['data/bad_fraction'] = bad['bad_fraction']
         writer.write(step, last_metrics)
         if is_chief:
-          eta = (end - step) * config.batch_size / max(rate, 1e-9)
-          extra = ''
-          if 'sigma2_img' in last_metrics:
-            extra = (f" s2_img {last_metrics['sigma2_img']:.2e} s2_txt "
-                     f"{last_metrics['sigma2_txt']:.2e}")
-          print(f'[{step}/{config.total_steps}] loss '
-                f"{last_metrics['loss']:.4f} a {last_metrics['scale']:.2f} "
-                f"b {last_metrics['bias']:.2f}{extra} lr "
-                f"{last_metrics['lr']:.2e} {rate:.0f} samples/s, ETA "
-                f'{_fmt_time(eta)} (elapsed {_fmt_time(now - t_start)})',
-                flush=True)
-        if not np.isfinite(last_metrics['loss']):
-          raise FloatingPointError(f'loss is {last_metrics["loss"]} at step '
-                                   f'{step}; last good checkpoint kept')
+          print(progress.progress_line(step, config.total_steps, last_metrics,
+                               (end - step) * config.batch_size /
+                               max(rate, 1e-9), now - t_start), flush=True)
         t_log, step_log = time.time(), step
       if step % config.checkpoint_every_steps == 0:
-        save(step)
+        monitor.flush()
+        if not monitor.consecutive:  # mid-streak the state is not new
+          save(step)
       if config.eval.every_steps and step % config.eval.every_steps == 0 \
           and step != end:
-        run_eval(step)
+        writer.write(step, {f'eval/{k}': v for k, v in run_eval().items()})
+    monitor.flush()
   except KeyboardInterrupt:
     logging.warning('Interrupted at step %d: saving a checkpoint', step)
     save(step, force=True)
-    mngr.wait_until_finished()
     raise
+  finally:
+    mngr.wait_until_finished()
   save(step, force=True)
   mngr.wait_until_finished()
   mngr.close()
+  eval_results: dict[str, float] = {}
   if not stopper.stop:
-    eval_results = run_eval(step)
+    eval_results = run_eval()
+    if step > start:  # a re-run of a finished command adds no duplicate row
+      writer.write(step, {f'eval/{k}': v for k, v in eval_results.items()})
   writer.close()
   ckpt_path = os.path.join(checkpoint.checkpoint_dir(workdir), str(step))
   summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
-             'train': last_metrics}
+             'train': last_metrics, 'preempted': stopper.stop,
+             'workdir': workdir, 'batch_size': config.batch_size,
+             'total_steps': config.total_steps}
   if is_chief:
     print(train_time.format_summary(summary), flush=True)
-  if stopper.stop:
-    print(f'Stopped by SIGTERM at step {step}; resume with the same command.',
-          file=sys.stderr)
   return summary

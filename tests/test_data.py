@@ -287,6 +287,30 @@ def test_convert_folder(tmp_path, digit_data, photos):
   assert [csv_src[i] for i in range(len(csv_src))] == [
       src[i] for i in range(len(src))]
 
+  # Captions that are not UTF-8 are bad records (not written with
+  # replacement characters); image paths leading outside the images
+  # directory are not read (missing), even when the file exists.
+  outside = tmp_path / 'outside.jpg'
+  outside.write_bytes(photo)
+  with open(tmp_path / 'hostile.jsonl', 'wb') as f:
+    f.write(b'{"image": "photo.jpg", "caption": "caf\xe9 latin-1"}\n')
+    f.write(json.dumps({'image': '../outside.jpg', 'caption': 'x'}).encode()
+            + b'\n')
+    f.write(json.dumps({'image': str(outside), 'caption': 'y'}).encode()
+            + b'\n')
+    f.write(json.dumps({'image': 'photo.jpg', 'caption': 'fine'}).encode()
+            + b'\n')
+  with open(tmp_path / 'hostile.csv', 'wb') as f:
+    f.write(b'image,caption\nphoto.jpg,caf\xe9\n../outside.jpg,x\n'
+            b'photo.jpg,fine\n')
+  for name in ('hostile.jsonl', 'hostile.csv'):
+    summary = converters.convert_folder(str(img_dir), str(tmp_path / name),
+                                        str(tmp_path / ('out_' + name)))
+    assert summary['records_written'] == 1, name
+    assert summary['skipped']['bad_caption'] == 1, name
+    assert summary['skipped']['missing_image'] == (
+        2 if name.endswith('jsonl') else 1), name
+
   # Retrieval: records sharing a key are one image with its captions.
   ret = eval_data.retrieval_array_record(str(tmp_path / 'out'))
   assert ret.keys[:5] == [f'sub/digit{i:02d}.jpg' for i in range(5)]

@@ -660,6 +660,23 @@ def test_prolip_guard_drops_exploding_vib():
   np.testing.assert_allclose(float(total_ng), ref_all, rtol=1e-5)
 
 
+def test_prolip_guard_lets_non_finite_terms_through():
+  # As the release's `if term > limit`: a NaN term is not "exploding", so the
+  # total shows it (and the train step skips the update) rather than a
+  # silently smaller loss; PPCL is never dropped, even when it is NaN.
+  terms = {'ppcl': jnp.float32(0.7), 'vib_img': jnp.float32(jnp.nan),
+           'vib_txt': jnp.float32(2e4), 'inclusion_img_txt': jnp.float32(3.0)}
+  total, metrics = prob.combine_prolip_terms(terms)
+  assert np.isnan(float(total)) and int(metrics['guard_dropped']) == 1
+  terms = dict(terms, vib_img=jnp.float32(1.0), ppcl=jnp.float32(jnp.inf))
+  total, metrics = prob.combine_prolip_terms(terms)
+  assert np.isinf(float(total)) and int(metrics['guard_dropped']) == 1
+  terms['ppcl'] = jnp.float32(0.7)
+  total, _ = prob.combine_prolip_terms(terms)
+  np.testing.assert_allclose(float(total), 0.7 + 1e-4 * 1.0 + 1e-7 * 3.0,
+                             rtol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # 9. Gradients.
 # --------------------------------------------------------------------------

@@ -574,7 +574,8 @@ def test_import_tool_errors_write_nothing(case, tmp_path, import_tool):
 
 
 @pytest.mark.slow
-def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch):
+def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch,
+                                                  capsys):
   """The README's copy-paste PyTorch snippet, run verbatim on a fresh export,
   gives the JAX model's embeddings."""
   import importlib.util  # pylint: disable=g-import-not-at-top
@@ -597,8 +598,6 @@ def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch):
   export_mod = importlib.util.module_from_spec(export_spec)
   export_spec.loader.exec_module(export_mod)
   export_mod.export(workdir, str(tmp_path / 'exports' / 'prolip_tiny'))
-  image = digits.split('heldout')[0][750]
-  Image.fromarray(image).save(tmp_path / 'digit.png')
 
   readme = open(os.path.join(repo, 'README.md')).read()
   snippet = readme.split('Then, in PyTorch')[1].split('```python')[1]
@@ -606,8 +605,18 @@ def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   scope = {}
   exec(snippet, scope)  # pylint: disable=exec-used
-  mu_txt, logvar_txt = prolip_jax.load(workdir).encode_text(['a thick seven'])
+  printed = capsys.readouterr().out
+  assert 'PyTorch: CSD(image, text) = ' in printed
+  assert 'max |PyTorch - JAX|: image mu' in printed
+  # Independently of the snippet's own comparison: the workdir in JAX.
+  loaded = prolip_jax.load(workdir)
+  mu_txt, logvar_txt = loaded.encode_text(['a thick seven'])
   np.testing.assert_allclose(scope['mu_txt'].numpy(), mu_txt, atol=1e-4)
   np.testing.assert_allclose(scope['logvar_txt'].numpy(), logvar_txt,
                              atol=1e-4)
+  digit = digits.split('heldout')[0][0]
+  mu_img, _ = loaded.encode_image([np.asarray(
+      Image.fromarray(digit).convert('RGB').resize(
+          (cfg.model.vision.image_size,) * 2, Image.BICUBIC))])
+  np.testing.assert_allclose(scope['mu_img'].numpy(), mu_img, atol=1e-4)
   assert np.isfinite(float(scope['csd']))

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from prolip_jax import checkpoint
 from prolip_jax import convert
+from prolip_jax import errors
 from prolip_jax import objectives
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -96,7 +97,8 @@ def main(argv):
   f = flags.FLAGS
   try:
     export(f.workdir, f.out, f.step, f.hub_compatible)
-  except ValueError as e:  # the user's checkpoint or flags, not our bug
+  except (ValueError, FileNotFoundError, errors.UserError) as e:
+    # the user's checkpoint or flags, not our bug
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   print(f'exported {f.workdir} to {f.out}: '

@@ -298,6 +298,14 @@ def _pick(row: dict, names: Sequence[str], what: str, path: str):
                    f'got {sorted(row)}')
 
 
+def _is_utf8(text: str) -> bool:
+  try:
+    text.encode('utf-8')
+  except UnicodeEncodeError:  # surrogate-escaped bytes that were not UTF-8
+    return False
+  return True
+
+
 def read_captions_file(path: str, counts: _Counts
                        ) -> Iterator[tuple[str, Optional[list[str]]]]:
   """(image path, captions or None when the line is malformed) per entry.
@@ -308,20 +316,25 @@ def read_captions_file(path: str, counts: _Counts
   [str, ...]}``. Malformed JSONL lines are counted as ``bad_caption``.
   """
   if path.endswith('.csv') or path.endswith('.tsv'):
-    with open(path, newline='', encoding='utf-8') as f:
+    with open(path, newline='', encoding='utf-8',
+              errors='surrogateescape') as f:
       reader = csv.DictReader(f, delimiter='\t' if path.endswith('.tsv')
                               else ',')
       for row in reader:
         image = _pick(row, IMAGE_COLUMNS, 'image', path)
         caption = _pick(row, CAPTION_COLUMNS, 'caption', path)
+        if caption is not None and not _is_utf8(caption):
+          caption = caption.encode('utf-8', 'surrogateescape')  # a bad one
         yield image, [caption] if caption is not None else [None]
     return
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
+  with open(path, 'rb') as f:
+    for lineno, raw in enumerate(f, 1):
+      if not raw.strip():
         continue
       try:
-        obj = json.loads(line)
+        # A caption that is not UTF-8 is a bad record, not one to write
+        # with replacement characters.
+        obj = json.loads(raw.decode('utf-8'))
         if not isinstance(obj, dict):
           raise ValueError('not an object')
       except ValueError:
@@ -371,13 +384,18 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
       writer, shard_index = None, shard_index + 1
 
   try:
+    root = os.path.realpath(images_dir)
     for rel, captions in read_captions_file(captions_path, counts):
-      full = rel if os.path.isabs(rel) else os.path.join(images_dir, rel)
-      try:
-        with open(full, 'rb') as f:
-          image = f.read()
-      except OSError:
-        image = None
+      full = os.path.realpath(os.path.join(root, str(rel)))
+      image = None
+      # Only files under images_dir: a captions file naming an absolute or
+      # ../ path does not get to read the rest of the disk.
+      if os.path.commonpath([root, full]) == root:
+        try:
+          with open(full, 'rb') as f:
+            image = f.read()
+        except OSError:
+          pass
       image_reason = None
       for caption in captions:
         counts.seen += 1

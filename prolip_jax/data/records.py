@@ -50,6 +50,8 @@ import msgpack
 import numpy as np
 from PIL import Image
 
+from prolip_jax import errors
+
 SUFFIX = '.array_record'
 DONE_SUFFIX = '.done'
 # group_size:1 makes every record its own chunk: O(1) random reads, no
@@ -78,7 +80,7 @@ class BadRecord(ValueError):
     self.detail = detail
 
 
-class BadRecordError(RuntimeError):
+class BadRecordError(errors.UserError, RuntimeError):
   """Too many bad records: the data needs fixing before training goes on."""
 
 

@@ -107,11 +107,59 @@ def difference_classification_digits(encoders: Encoders, tokenizer, config,
   return out
 
 
+def _pct(x: float) -> str:
+  return f'{100 * x:.1f}%'
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-  """The lines printed at the end of a training run."""
-  lines = [f"Finished at step {summary['step']}.",
-           f"Checkpoint: {summary['checkpoint']}"]
-  ev = summary.get('eval') or {}
-  for k in sorted(ev):
-    lines.append(f'  {k:28s} {ev[k]:.4g}')
+  """The lines printed at the end of a training run: what was reached, the
+  held-out evaluation labelled with its protocol, where the checkpoint is
+  and the next commands."""
+  step = summary['step']
+  lines = []
+  if summary.get('preempted'):
+    lines.append(f'Stopped by SIGTERM at step {step}; resume with the same '
+                 'command.')
+  else:
+    lines.append(f'Finished at step {step} of {summary.get("total_steps", step)}'
+                 + (f' ({step * summary["batch_size"]:,} pairs).'
+                    if summary.get('batch_size') else '.'))
+  ev = dict(summary.get('eval') or {})
+  if ev:
+    lines.append('Held-out digits (1,000 images never trained on):')
+    rows = [
+        ('zero-shot top-1, CSD', 'zeroshot_csd_top1'),
+        ('zero-shot top-1, cosine', 'zeroshot_cosine_top1'),
+        ('zero-shot top-5, CSD', 'zeroshot_csd_top5'),
+        ('zero-shot top-5, cosine', 'zeroshot_cosine_top5'),
+    ]
+    for label, key in rows:
+      if key in ev:
+        lines.append(f'  {label:36s} {_pct(ev.pop(key))}')
+    for direction, name in (('i2t', 'image -> text'), ('t2i', 'text -> image')):
+      keys = [f'{direction}_R@{k}' for k in (1, 5, 10)]
+      if all(k in ev for k in keys):
+        values = ' / '.join(_pct(ev.pop(k)) for k in keys)
+        lines.append(f'  {"retrieval " + name + " R@1/5/10":36s} {values}')
+    if any(k.startswith(('i2t', 't2i')) for k in summary.get('eval', {})):
+      lines.append('    (one caption per image, its most specific; '
+                   '`prolip_jax.evaluate` ranks every caption of an image, '
+                   'so its recalls differ)')
+    sig = [(label, ev.pop(key)) for label, key in (
+        ('images', 'sigma2_img'), ('captions', 'sigma2_captions'),
+        ('prompts', 'sigma2_prompts')) if key in ev]
+    if sig:
+      lines.append('  mean sigma^2 per dimension: ' + ', '.join(
+          f'{label} {value:.3g}' for label, value in sig))
+    for key in sorted(ev):
+      value = ev[key]
+      shown = _pct(value) if key.startswith(('diff_acc', 'zeroshot')) else (
+          f'{value:.4g}')
+      lines.append(f'  {key:36s} {shown}')
+  workdir = summary.get('workdir')
+  lines.append(f"Checkpoint: {summary['checkpoint']}")
+  if workdir and not summary.get('preempted'):
+    lines.append(f'Next: python -m prolip_jax.evaluate --workdir {workdir}')
+    lines.append(f'      python tools/export_pytorch.py --workdir {workdir} '
+                 f'--out {workdir}/export')
   return '\n'.join(lines)

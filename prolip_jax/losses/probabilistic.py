@@ -279,7 +279,8 @@ def combine_prolip_terms(terms: Mapping[str, Array], *, alpha1: float = ALPHA1,
   averaged over the whole batch when sharded). With ``guard`` the release's
   explosion guards apply: a VIB term above 1e4 or an inclusion term whose
   magnitude exceeds 1e5 is dropped for this step, and ``guard_dropped`` counts
-  how many were.
+  how many were. A non-finite term is kept (the total is then non-finite and
+  the train step skips the update), as in the release.
 
   Returns:
     ``(total, metrics)`` where metrics holds every term and the total.
@@ -292,12 +293,14 @@ def combine_prolip_terms(terms: Mapping[str, Array], *, alpha1: float = ALPHA1,
   for name, value in terms.items():
     if name not in weights:
       raise KeyError(f'unknown ProLIP loss term {name!r}')
+    # As the release's `if term > limit`: a NaN passes the guard, so the
+    # total shows it and the train step skips the update; PPCL itself is
+    # never dropped.
     keep = jnp.asarray(True)
     if guard and name.startswith('vib'):
-      keep = value <= VIB_GUARD
+      keep = ~(value > VIB_GUARD)
     elif guard and name.startswith('inclusion'):
-      keep = jnp.abs(value) <= INCLUSION_GUARD
-    keep = keep & jnp.isfinite(value) if guard else keep
+      keep = ~(jnp.abs(value) > INCLUSION_GUARD)
     total = total + jnp.where(keep, weights[name] * value, 0.0)
     dropped = dropped + (~keep).astype(jnp.int32)
   metrics = dict(terms)

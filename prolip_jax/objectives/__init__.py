@@ -12,6 +12,7 @@ needs), register it in ``REGISTRY`` below, add a config and tests.
 
 from __future__ import annotations
 
+from prolip_jax import errors
 from prolip_jax.objectives.base import Objective
 from prolip_jax.objectives.clip import CLIPObjective
 from prolip_jax.objectives.otter import OTTERObjective
@@ -32,5 +33,7 @@ OBJECTIVES = tuple(REGISTRY)
 def get(name: str) -> Objective:
   """The registered objective called ``name``."""
   if name not in REGISTRY:
-    raise ValueError(f'unknown objective {name!r}; have {OBJECTIVES}')
+    raise errors.ConfigError(f'unknown objective {name!r}'
+                             f'{errors.nearest(name, OBJECTIVES)}; have '
+                             f'{OBJECTIVES}')
   return REGISTRY[name]
