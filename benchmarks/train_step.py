@@ -2,6 +2,8 @@
 
   python benchmarks/train_step.py --config configs/prolip_b16.py \
       --config.batch_size=256 --steps 20
+  python benchmarks/train_step.py --config configs/prolip_b16.py \
+      --sweep_batch=128,256,512,1024 --sweep_remat=true,false   # GPU sweep
 
 Builds the same jitted, sharded ``train_step`` as ``prolip_jax.main`` (all
 devices, the config's mesh), feeds it device-resident random batches (so the
@@ -34,6 +36,10 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_integer('steps', 10, 'Timed steps.')
 flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 flags.DEFINE_float('peak_tflops', 0.0, 'Per-device dense peak; 0: by kind.')
+flags.DEFINE_list('sweep_batch', [], 'Global batch sizes to sweep (with '
+                  '--sweep_remat); empty: the config\'s batch only.')
+flags.DEFINE_list('sweep_remat', [], 'model.remat values to sweep '
+                  '(true,false); empty: the config\'s.')
 
 # Dense bf16 peak TFLOP/s per device (vendor figures).
 _PEAKS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'TPU v4': 275.0,
@@ -72,9 +78,8 @@ def analytic_flops_per_pair(cfg: ModelConfig, masked_fraction: float,
   return 3.0 * fwd
 
 
-def main(argv):
-  del argv
-  config = flags.FLAGS.config
+def measure(config, verbose: bool = True) -> dict:
+  """Compiles and times the train step of ``config``; returns the figures."""
   mesh = shd.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
   model = ProLIP(model_cfg)
@@ -126,25 +131,60 @@ def main(argv):
   dev = jax.devices()[0]
   peak = flags.FLAGS.peak_tflops or device_peak_tflops(dev)
   n = jax.device_count()
-  print(f'jax {jax.__version__}, {n} x {dev.device_kind} ({dev.platform}); '
-        f'objective {config.objective}, compute {model_cfg.compute_dtype}, '
-        f'remat {model_cfg.remat}, mesh {dict(mesh.shape)}')
-  print(f'model: vision {model_cfg.vision.width}x{model_cfg.vision.layers} '
-        f'patch {model_cfg.vision.patch_size} @ {size}px, text '
-        f'{model_cfg.text.width}x{model_cfg.text.layers} ctx {ctx}; global '
-        f'batch {b}')
-  print(f'compile {compile_s:.1f} s; step {step_s * 1e3:.1f} ms; '
-        f'{b / step_s:.1f} samples/s ({b / step_s / n:.1f} per device)')
-  print(f'FLOPs/step: XLA {xla_flops_step / 1e12:.3f} T, analytic '
-        f'{analytic_step / 1e12:.3f} T ({analytic_step / b / 1e9:.1f} G/pair)')
   achieved = analytic_step / step_s / n / 1e12
-  if peak:
-    print(f'model TFLOP/s per device {achieved:.1f} of peak {peak:.0f}: '
-          f'MFU {100 * achieved / peak:.1f}% (analytic FLOPs)')
-  else:
-    print(f'model TFLOP/s per device {achieved:.3f}; no peak known for '
-          f'{dev.device_kind!r} (pass --peak_tflops for MFU)')
-  print(f"final loss {float(metrics['loss']):.4f}")
+  mfu = 100 * achieved / peak if peak else float('nan')
+  if verbose:
+    print(f'jax {jax.__version__}, {n} x {dev.device_kind} ({dev.platform}); '
+          f'objective {config.objective}, compute {model_cfg.compute_dtype}, '
+          f'remat {model_cfg.remat}, mesh {dict(mesh.shape)}')
+    print(f'model: vision {model_cfg.vision.width}x{model_cfg.vision.layers} '
+          f'patch {model_cfg.vision.patch_size} @ {size}px, text '
+          f'{model_cfg.text.width}x{model_cfg.text.layers} ctx {ctx}; global '
+          f'batch {b}')
+    print(f'compile {compile_s:.1f} s; step {step_s * 1e3:.1f} ms; '
+          f'{b / step_s:.1f} samples/s ({b / step_s / n:.1f} per device)')
+    print(f'FLOPs/step: XLA {xla_flops_step / 1e12:.3f} T, analytic '
+          f'{analytic_step / 1e12:.3f} T ({analytic_step / b / 1e9:.1f} '
+          'G/pair)')
+    if peak:
+      print(f'model TFLOP/s per device {achieved:.1f} of peak {peak:.0f}: '
+            f'MFU {mfu:.1f}% (analytic FLOPs)')
+    else:
+      print(f'model TFLOP/s per device {achieved:.3f}; no peak known for '
+            f'{dev.device_kind!r} (pass --peak_tflops for MFU)')
+    print(f"final loss {float(metrics['loss']):.4f}")
+  return {'batch': b, 'remat': model_cfg.remat, 'step_ms': step_s * 1e3,
+          'samples_per_s': b / step_s, 'tflops': achieved, 'mfu': mfu}
+
+
+def main(argv):
+  del argv
+  config = flags.FLAGS.config
+  batches = [int(x) for x in flags.FLAGS.sweep_batch] or [config.batch_size]
+  remats = [x.lower() in ('1', 'true', 'yes')
+            for x in flags.FLAGS.sweep_remat] or [config.model.remat]
+  if len(batches) == len(remats) == 1:
+    measure(config)
+    return
+  print('| global batch | remat | step (ms) | samples/s | model TFLOP/s/dev '
+        '| MFU |')
+  print('|---|---|---|---|---|---|')
+  for remat in remats:
+    for batch_size in batches:
+      cfg = config.copy_and_resolve_references()
+      cfg.batch_size = batch_size
+      cfg.model.remat = remat
+      try:
+        r = measure(cfg, verbose=False)
+      except Exception as e:  # pylint: disable=broad-except
+        if 'RESOURCE_EXHAUSTED' not in str(e) and 'memory' not in str(e):
+          raise
+        print(f'| {batch_size} | {remat} | out of memory | | | |', flush=True)
+        continue
+      print(f"| {batch_size} | {remat} | {r['step_ms']:.1f} | "
+            f"{r['samples_per_s']:.1f} | {r['tflops']:.2f} | "
+            + (f"{r['mfu']:.1f}% |" if r['mfu'] == r['mfu'] else 'n/a |'),
+            flush=True)
 
 
 if __name__ == '__main__':

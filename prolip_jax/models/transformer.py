@@ -43,6 +43,37 @@ class Mlp(nn.Module):
     return nn.Dense(self.width, dtype=self.dtype, name='c_proj')(x)
 
 
+def attention_implementation(backend: str, dtype: Any, head_dim: int) -> str:
+  """The ``jax.nn.dot_product_attention`` implementation to ask for first.
+
+  cuDNN's fused (flash) attention on GPUs for half-precision inputs with head
+  dimensions it supports (multiples of 8 up to 128); XLA's otherwise (CPU,
+  TPU, float32). ``jax.nn.dot_product_attention``'s own default is always
+  XLA, so the choice is made here.
+  """
+  if (backend == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+      and head_dim % 8 == 0 and head_dim <= 128):
+    return 'cudnn'
+  return 'xla'
+
+
+def dot_product_attention(q: Array, k: Array, v: Array,
+                          mask: Optional[Array] = None,
+                          backend: Optional[str] = None) -> Array:
+  """Softmax attention of ``(b, t, heads, head_dim)`` inputs, through cuDNN
+  where ``attention_implementation`` says so, falling back to XLA when cuDNN
+  refuses the call (version, shape or mask it does not support)."""
+  backend = backend or jax.default_backend()
+  if attention_implementation(backend, q.dtype, q.shape[-1]) == 'cudnn':
+    try:
+      return jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                          implementation='cudnn')
+    except Exception:  # pylint: disable=broad-except
+      pass  # refused at trace time: XLA computes the same function
+  return jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                      implementation='xla')
+
+
 class Attention(nn.Module):
   """Multi-head self-attention; ``mask`` is boolean ``(b, 1, q, k)``."""
   width: int
@@ -59,7 +90,7 @@ class Attention(nn.Module):
     q = split(nn.Dense(self.width, dtype=self.dtype, name='q')(x))
     k = split(nn.Dense(self.width, dtype=self.dtype, name='k')(x))
     v = split(nn.Dense(self.width, dtype=self.dtype, name='v')(x))
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    out = dot_product_attention(q, k, v, mask=mask)
     out = out.reshape(b, t, self.width)
     return nn.Dense(self.width, dtype=self.dtype, name='out_proj')(out)
 
