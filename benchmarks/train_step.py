@@ -20,7 +20,6 @@ import time
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
