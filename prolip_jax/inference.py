@@ -71,7 +71,7 @@ class LoadedModel:
   def __init__(self, model_config: ModelConfig, params: Any,
                tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
                batch_size: int = 64, objective: str = 'prolip',
-               run_config: Optional[dict] = None):
+               run_config: Optional[dict] = None, image_view: str = 'default'):
     self.config = model_config
     self.params = params
     self.tokenizer = tokenizer
@@ -79,6 +79,7 @@ class LoadedModel:
     self.std = tuple(std)
     self.batch_size = batch_size
     self.objective = objective
+    self.image_view = image_view  # 'default' or 'release' (open_clip's)
     enc_img, enc_txt = objectives.get(objective).encoders(
         ProLIP(model_config), params, run_config or {})
     norm = lambda x: normalize_images(x, self.mean, self.std)
@@ -92,7 +93,8 @@ class LoadedModel:
     """uint8 HxWx3 images of any size -> (mu ``(n, d)``, logvar or None)."""
     if len(images) == 0:
       raise ValueError('encode_image got no images')
-    batch = pipeline.eval_images(list(images), self.config.vision.image_size)
+    batch = pipeline.eval_images(list(images), self.config.vision.image_size,
+                                 self.image_view)
     return embed_in_batches(self.image_fn, batch, self.batch_size)
 
   def encode_text(self, texts: Sequence[str] | str
@@ -115,18 +117,25 @@ class LoadedModel:
                               None if cls_var is None else np.asarray(cls_var))
 
 
-def load(path: str, step: Optional[int] = None) -> LoadedModel:
-  """Loads a training workdir (Orbax checkpoints) or an export directory.
+def load(path: str, step: Optional[int] = None,
+         tokenizer: Optional[str] = None) -> LoadedModel:
+  """Loads a training workdir, an export / Hugging Face snapshot directory or
+  ``hf-hub:OWNER/NAME``.
 
   Args:
     path: a workdir written by ``prolip_jax.main`` (its latest checkpoint, or
-      ``step``), or a directory with ``model.safetensors`` + ``config.json``
-      written by ``tools/export_pytorch.py``.
+      ``step``); a directory with ``model.safetensors`` + ``config.json``
+      (written by ``tools/export_pytorch.py``, or the ProLIP release's Hub
+      snapshot: see ``prolip_jax.hub`` for the release preset); or
+      ``hf-hub:OWNER/NAME[@REVISION]`` (through huggingface_hub's cache).
     step: checkpoint step for workdirs.
+    tokenizer: snapshots only: a tokenizer file, directory or
+      ``hf-hub:NAME`` to use instead of the snapshot's own.
   """
+  from prolip_jax import hub  # pylint: disable=g-import-not-at-top
+  if hub.is_hub_id(path) or hub.is_snapshot(path):
+    return hub.load_snapshot(path, tokenizer=tokenizer)
   path = os.path.abspath(path)
-  if os.path.exists(os.path.join(path, EXPORT_WEIGHTS)):
-    return _load_export(path)
   params, meta = checkpoint.load_params(path, step)
   model_cfg = ModelConfig.from_config(meta['model'])
   run_cfg = meta.get('config', {})
@@ -135,28 +144,12 @@ def load(path: str, step: Optional[int] = None) -> LoadedModel:
   tokenizer = Tokenizer(
       os.path.join(path, checkpoint.TOKENIZER_FILE),
       model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
-      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'])
+      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'],
+      clean=tok_cfg.get('clean', 'none'),
+      keep_eos=tok_cfg.get('keep_eos', False))
   return LoadedModel(model_cfg, params, tokenizer,
                      data.get('mean', _DEFAULT_MEAN),
                      data.get('std', _DEFAULT_STD),
                      objective=run_cfg.get('objective', 'prolip'),
-                     run_config=run_cfg)
-
-
-def _load_export(path: str) -> LoadedModel:
-  import json  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  from prolip_jax import convert  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(path, EXPORT_CONFIG)) as f:
-    cfg_json = json.load(f)
-  model_cfg = convert.model_config_from_json(cfg_json)
-  params, _ = convert.state_dict_to_params(
-      load_file(os.path.join(path, EXPORT_WEIGHTS)), model_cfg)
-  extra = cfg_json.get('prolip_jax', {})
-  tokenizer = Tokenizer(
-      os.path.join(path, extra.get('tokenizer_file', checkpoint.TOKENIZER_FILE)),
-      model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
-      mask_id=extra.get('mask_id'))
-  return LoadedModel(model_cfg, params, tokenizer,
-                     extra.get('mean', _DEFAULT_MEAN),
-                     extra.get('std', _DEFAULT_STD))
+                     run_config=run_cfg,
+                     image_view=data.get('eval_view', 'default'))

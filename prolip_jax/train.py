@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from prolip_jax import checkpoint
+from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
@@ -143,7 +144,9 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]]
   mask = config.tokenizer.mask_id
   return Tokenizer(src, config.model.text.context_length,
                    pad_id=None if pad < 0 else pad,
-                   mask_id=None if mask < 0 else mask)
+                   mask_id=None if mask < 0 else mask,
+                   clean=config.tokenizer.get('clean', 'none'),
+                   keep_eos=config.tokenizer.get('keep_eos', False))
 
 
 def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
@@ -283,6 +286,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   validate_config(config)
   objective = objectives.get(config.objective)
   workdir = os.path.abspath(workdir)
+  config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
   os.makedirs(workdir, exist_ok=True)
   is_chief = jax.process_index() == 0
   mesh = shd.make_mesh(config.mesh)
