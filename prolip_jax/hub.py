@@ -6,7 +6,8 @@ state dict), optionally tokenizer files: what the release publishes on the
 Hub (loaded there with ``ProLIPHF.from_pretrained``, huggingface_hub's
 ``PyTorchModelHubMixin``) and what ``tools/export_pytorch.py`` writes.
 
-    model = prolip_jax.load('hf-hub:OWNER/NAME')        # or a local snapshot dir
+    model = prolip_jax.load('hf-hub:OWNER/NAME')  # or a local snapshot dir
+    # (inference.load_snapshot, built from resolve + snapshot_settings here)
     model.encode_text(['A photo of a Dog!'])
 
 ``hf-hub:OWNER/NAME[@REVISION]`` goes through
@@ -210,6 +211,11 @@ def find_tokenizer(path: str, cfg_json: dict[str, Any],
   project = cfg_json.get(convert.PROJECT_KEY) or {}
   if project.get('tokenizer_file'):
     file = os.path.join(path, project['tokenizer_file'])
+    root = os.path.realpath(path)
+    if not os.path.realpath(file).startswith(root + os.sep):
+      raise SnapshotError(f'{path}: tokenizer file '
+                          f'{project["tokenizer_file"]!r} is outside the '
+                          'snapshot directory')
     if not os.path.isfile(file):
       raise SnapshotError(f'{path}: config names tokenizer file '
                           f'{project["tokenizer_file"]!r}, which is missing')
@@ -296,32 +302,16 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
   return settings
 
 
-def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
-                  batch_size: int = 64):
-  """A ``LoadedModel`` of a snapshot directory or ``hf-hub:OWNER/NAME``.
-
-  Args:
-    path_or_repo: local snapshot directory or ``hf-hub:OWNER/NAME[@REV]``.
-    tokenizer: optional tokenizer file, directory or ``hf-hub:NAME`` used
-      instead of the snapshot's own / ``text_cfg.hf_tokenizer_name``.
-    batch_size: embedding batch size.
-  """
-  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file
-  from prolip_jax import inference
-  from prolip_jax.models import ModelConfig
-  # pylint: enable=g-import-not-at-top
-  path = resolve(path_or_repo)
-  s = snapshot_settings(path, tokenizer)
-  model_cfg = ModelConfig.from_config(s.model)
+def load_params(path: str, model: dict[str, Any]) -> Any:
+  """Parameters (nested numpy) of snapshot ``path``'s weights for the model
+  config ``model`` (a ModelConfig or its dict form)."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   weights = os.path.join(path, WEIGHTS_FILE)
   try:
-    params, _ = convert.state_dict_to_params(load_file(weights), model_cfg)
+    params, _ = convert.state_dict_to_params(load_file(weights), model)
   except ValueError as e:
     raise ValueError(f'{weights}: {e}') from e
-  return inference.LoadedModel(model_cfg, params, s.tokenizer(), s.mean,
-                               s.std, batch_size=batch_size,
-                               image_view=s.image_view)
+  return params
 
 
 def prepare_init_from(config, workdir: str):
@@ -343,7 +333,6 @@ def prepare_init_from(config, workdir: str):
   import jax
   import ml_collections
   import orbax.checkpoint as ocp
-  from safetensors.numpy import load_file
   from jax.experimental import multihost_utils
   from prolip_jax import checkpoint
   from prolip_jax.models import ModelConfig
@@ -367,8 +356,7 @@ def prepare_init_from(config, workdir: str):
   if checkpoint.latest_step(workdir) is None:
     if jax.process_index() == 0:
       model_cfg = ModelConfig.from_config(model)
-      weights = os.path.join(path, WEIGHTS_FILE)
-      params, _ = convert.state_dict_to_params(load_file(weights), model_cfg)
+      params = load_params(path, model_cfg)
       meta = {'step': 0, 'config': json.loads(config.to_json_best_effort()),
               'model': model_cfg.to_dict(), 'has_opt_state': False,
               'imported_from': src}

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from prolip_jax import checkpoint
+from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
@@ -132,9 +133,10 @@ def load(path: str, step: Optional[int] = None,
     tokenizer: snapshots only: a tokenizer file, directory or
       ``hf-hub:NAME`` to use instead of the snapshot's own.
   """
-  from prolip_jax import hub  # pylint: disable=g-import-not-at-top
-  if hub.is_hub_id(path) or hub.is_snapshot(path):
-    return hub.load_snapshot(path, tokenizer=tokenizer)
+  if hub.is_hub_id(path) or hub.is_snapshot(path) or (
+      os.path.isfile(os.path.join(path, EXPORT_CONFIG))
+      and not os.path.isdir(checkpoint.checkpoint_dir(path))):
+    return load_snapshot(path, tokenizer=tokenizer)
   path = os.path.abspath(path)
   params, meta = checkpoint.load_params(path, step)
   model_cfg = ModelConfig.from_config(meta['model'])
@@ -153,3 +155,26 @@ def load(path: str, step: Optional[int] = None,
                      objective=run_cfg.get('objective', 'prolip'),
                      run_config=run_cfg,
                      image_view=data.get('eval_view', 'default'))
+
+
+def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
+                  batch_size: int = 64) -> LoadedModel:
+  """A model from a snapshot directory or ``hf-hub:OWNER/NAME[@REV]``.
+
+  Args:
+    path_or_repo: local snapshot directory (config.json + model.safetensors)
+      or ``hf-hub:OWNER/NAME[@REV]``; a release snapshot gets the release
+      preset (``prolip_jax.hub``).
+    tokenizer: optional tokenizer file, directory or ``hf-hub:NAME`` used
+      instead of the snapshot's own / ``text_cfg.hf_tokenizer_name``.
+    batch_size: embedding batch size.
+  Raises:
+    hub.SnapshotError: (a FileNotFoundError) the snapshot, or its tokenizer,
+      cannot be found; the message names the path or repo and cache.
+  """
+  path = hub.resolve(path_or_repo)
+  s = hub.snapshot_settings(path, tokenizer)
+  model_cfg = ModelConfig.from_config(s.model)
+  params = hub.load_params(path, model_cfg)
+  return LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
+                     batch_size=batch_size, image_view=s.image_view)

@@ -90,6 +90,7 @@ def tok_dir(tmp_path_factory):
   T5 converter (4 <extra_id_N> tokens, '</s>' appended by the post-processor,
   pad token '</s>' as SigLIP's), as a Hugging Face tokenizer directory."""
   pytest.importorskip('google.protobuf')
+  pytest.importorskip('transformers')
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from transformers.convert_slow_tokenizer import T5Converter  # pylint: disable=g-import-not-at-top
   d = tmp_path_factory.mktemp('tok')
@@ -406,12 +407,14 @@ def test_hf_hub_from_offline_cache_and_errors(tmp_path, offline):
   with pytest.raises(hub.SnapshotError, match='not a valid Hugging Face repo'):
     prolip_jax.load('hf-hub:bad//repo id')
   with pytest.raises(hub.SnapshotError, match='no such snapshot directory') as e:
-    hub.load_snapshot(str(tmp_path / 'missing'))
+    hub.resolve(str(tmp_path / 'missing'))
   assert str(tmp_path / 'missing') in str(e.value)
+  with pytest.raises(FileNotFoundError, match=str(tmp_path / 'missing')):
+    prolip_jax.load(str(tmp_path / 'missing'))
   (tmp_path / 'no_weights').mkdir()
   (tmp_path / 'no_weights' / 'config.json').write_text('{}')
   with pytest.raises(hub.SnapshotError, match='has no model.safetensors'):
-    hub.load_snapshot(str(tmp_path / 'no_weights'))
+    prolip_jax.load(str(tmp_path / 'no_weights'))
   # The tokenizer repo named in config.json is not cached either.
   cfg = json.loads((src / 'config.json').read_text())
   cfg['text_cfg']['hf_tokenizer_name'] = 'test-org/absent-tok'
