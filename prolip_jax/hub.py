@@ -211,8 +211,9 @@ def find_tokenizer(path: str, cfg_json: dict[str, Any],
   project = cfg_json.get(convert.PROJECT_KEY) or {}
   if project.get('tokenizer_file'):
     file = os.path.join(path, project['tokenizer_file'])
-    root = os.path.realpath(path)
-    if not os.path.realpath(file).startswith(root + os.sep):
+    # Lexically inside (no '..', not absolute); symlinks are fine: the
+    # Hugging Face cache links snapshot files to its blobs.
+    if not os.path.normpath(file).startswith(os.path.normpath(path) + os.sep):
       raise SnapshotError(f'{path}: tokenizer file '
                           f'{project["tokenizer_file"]!r} is outside the '
                           'snapshot directory')

@@ -270,13 +270,19 @@ def _write_snapshot(directory, family, seed=0):
 
 
 def _cache_repo(cache, repo, src_dir):
-  """huggingface_hub's cache layout: models--O--N/{refs/main,snapshots/REV}."""
+  """huggingface_hub's cache layout: models--O--N/{refs/main,
+  snapshots/REV/FILE -> ../../blobs/HASH}."""
+  import hashlib  # pylint: disable=g-import-not-at-top
   base = cache / ('models--' + repo.replace('/', '--'))
   snap = base / 'snapshots' / REVISION
   snap.mkdir(parents=True, exist_ok=True)
+  (base / 'blobs').mkdir(exist_ok=True)
   for name in os.listdir(src_dir):
     if os.path.isfile(os.path.join(src_dir, name)):
-      (snap / name).write_bytes(open(os.path.join(src_dir, name), 'rb').read())
+      data = open(os.path.join(src_dir, name), 'rb').read()
+      blob = hashlib.sha256(data).hexdigest()
+      (base / 'blobs' / blob).write_bytes(data)
+      os.symlink(os.path.join('..', '..', 'blobs', blob), snap / name)
   (base / 'refs').mkdir(exist_ok=True)
   (base / 'refs' / 'main').write_text(REVISION)
   return snap
@@ -474,6 +480,10 @@ def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
   old = before.encode_text(TEXTS) + before.encode_image(images)
   assert all(np.isfinite(x).all() for x in new)
   assert not np.allclose(new[0], old[0], atol=1e-4)
+  # Pushed to the Hub unchanged and loaded back through the cache.
+  _cache_repo(offline, 'test-org/finetuned', str(out))
+  via_hub = prolip_jax.load('hf-hub:test-org/finetuned').encode_text(TEXTS)
+  np.testing.assert_array_equal(via_hub[0], new[0])
   # The workdir itself loads with the same settings and outputs.
   from_wd = prolip_jax.load(workdir).encode_text(TEXTS)
   np.testing.assert_allclose(from_wd[0], new[0], atol=1e-6)
