@@ -29,6 +29,9 @@ Settings (``snapshot_settings``):
   ``clean='canonicalize'`` (or ``text_cfg.tokenizer_kwargs.clean``), EOS kept
   on truncation, OpenAI CLIP mean/std (or ``preprocess_cfg``) and open_clip's
   eval transform (bicubic shorter-side resize + centre crop, ``'release'``).
+  A sentencepiece tokenizer file gets the same ids as the tokenizer.json of
+  its vocabulary: EOS kept on truncation, padding with ``text_cfg.pad_id``
+  or else EOS.
   The tokenizer is the snapshot's own ``tokenizer.json`` / ``tokenizer.model``
   if it has one, else the Hub repo ``text_cfg.hf_tokenizer_name``
   (``timm/ViT-B-16-SigLIP``) through the same cache, or the ``tokenizer``
@@ -61,15 +64,6 @@ TOKENIZER_PATTERNS = ['tokenizer.json', 'tokenizer_config.json',
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 RELEASE_CLEAN = 'canonicalize'
-
-# The release's five model configs and what loads them (README, docs).
-RELEASE_MODELS = {
-    'ViT-B-16-ProLIP': 'supported',
-    'ViT-B-16-ProLIP (256-token context)': 'supported',
-    'ViT-L-16-ProLIP': 'supported',
-    'ViT-SO400M-14-ProLIP': 'supported',
-    'ViT-H-14-ProLIP (QuickGELU)': 'supported',
-}
 
 
 class SnapshotError(FileNotFoundError):
@@ -239,23 +233,32 @@ def find_tokenizer(path: str, cfg_json: dict[str, Any],
 _EXTRA_ID = re.compile(r'<extra_id_(\d+)>')
 
 
-def release_mask_id(tokenizer_path: str) -> Optional[int]:
-  """The release's [MASK]: the highest ``<extra_id_N>`` (SigLIP's
-  ``<extra_id_99>`` = 32000), else a ``[MASK]`` token, else None."""
+def release_mask_id(tokenizer_path: str, model_vocab: int = 0
+                    ) -> Optional[int]:
+  """The release's [MASK]: ``<extra_id_99>`` = 32000 for SigLIP's.
+
+  A tokenizer.json: its highest ``<extra_id_N>`` (T5 conversions append
+  them after the sentencepiece pieces, highest first), else a ``[MASK]``
+  token. A sentencepiece file: the first id after its pieces (where that
+  ``<extra_id_N>`` sits) when the model's vocabulary ``model_vocab`` has
+  room for it, else a ``[MASK]`` piece. None when there is neither.
+  """
   from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   if tok_lib.file_kind(tokenizer_path) == tok_lib.HF_JSON:
     import tokenizers  # pylint: disable=g-import-not-at-top
     vocab = tokenizers.Tokenizer.from_file(tokenizer_path).get_vocab(
         with_added_tokens=True)
-  else:
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    sp = spm.SentencePieceProcessor(model_file=tokenizer_path)
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-  extra = [(int(m.group(1)), i) for t, i in vocab.items()
-           if (m := _EXTRA_ID.fullmatch(t))]
-  if extra:
-    return max(extra)[1]
-  return vocab.get(tok_lib.MASK_PIECE)
+    extra = [(int(m.group(1)), i) for t, i in vocab.items()
+             if (m := _EXTRA_ID.fullmatch(t))]
+    if extra:
+      return max(extra)[1]
+    return vocab.get(tok_lib.MASK_PIECE)
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  sp = spm.SentencePieceProcessor(model_file=tokenizer_path)
+  if model_vocab > sp.get_piece_size():
+    return sp.get_piece_size()
+  mask = sp.piece_to_id(tok_lib.MASK_PIECE)
+  return None if mask == sp.unk_id() else mask
 
 
 def snapshot_settings(path: str, tokenizer: Optional[str] = None
@@ -286,10 +289,14 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
   clean = (tc.get('tokenizer_kwargs') or {}).get('clean', RELEASE_CLEAN)
   # A tokenizer.json pads with its own pad token, as the release's
   # HFTokenizer does whatever text_cfg says; a sentencepiece file with
-  # text_cfg.pad_id, else its own.
-  pad = (None if tok_lib.file_kind(tok_path) == tok_lib.HF_JSON
-         else tc.get('pad_id'))
-  mask = release_mask_id(tok_path)
+  # text_cfg.pad_id, else with EOS (the SigLIP tokenizer's pad token </s>).
+  if tok_lib.file_kind(tok_path) == tok_lib.HF_JSON:
+    pad = None
+  else:
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    pad = tc.get('pad_id', spm.SentencePieceProcessor(
+        model_file=tok_path).eos_id())
+  mask = release_mask_id(tok_path, model['text']['vocab_size'])
   settings = SnapshotSettings(
       path=path, model=model, tokenizer_path=tok_path, context_length=ctx,
       pad_id=pad, mask_id=mask, clean=clean, keep_eos=True,

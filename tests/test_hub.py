@@ -391,9 +391,14 @@ def test_release_preset_settings(tmp_path, offline, tok_dir):
   assert s.mask_id == sp_size(tok_dir)
   assert s.mean == OPENAI_MEAN and s.std == OPENAI_STD
   assert os.path.dirname(s.tokenizer_path).endswith(REVISION)
+  # The vocabulary's sentencepiece file instead: same settings and ids.
+  s2 = hub.snapshot_settings(str(snap), tokenizer=str(tok_dir / 'spm.model'))
+  assert (s2.pad_id, s2.mask_id, s2.keep_eos) == (1, sp_size(tok_dir), True)
+  texts = _strings(100, seed=5)
+  np.testing.assert_array_equal(s2.tokenizer()(texts), s.tokenizer()(texts))
 
 
-def test_hf_hub_from_offline_cache_and_errors(tmp_path, offline):
+def test_hf_hub_from_offline_cache_and_errors(tmp_path, offline, tok_dir):
   pytest.importorskip('torch')
   import prolip_jax  # pylint: disable=g-import-not-at-top
   from prolip_jax import hub  # pylint: disable=g-import-not-at-top
@@ -427,6 +432,17 @@ def test_hf_hub_from_offline_cache_and_errors(tmp_path, offline):
   (src / 'config.json').write_text(json.dumps(cfg))
   with pytest.raises(hub.SnapshotError, match='absent-tok.*not in the cache'):
     prolip_jax.load(str(src))
+  # ... unless a tokenizer is given (Hub repo or directory), or the snapshot
+  # holds its own tokenizer files.
+  want = b.tokenizer(TEXTS)
+  for tok in (f'hf-hub:{TOK_REPO}', str(tok_dir)):
+    np.testing.assert_array_equal(
+        prolip_jax.load(str(src), tokenizer=tok).tokenizer(TEXTS), want)
+  for name in ('tokenizer.json', 'tokenizer_config.json'):
+    (src / name).write_bytes((tok_dir / name).read_bytes())
+  own = prolip_jax.load(str(src))
+  assert own.tokenizer.model_path == str(src / 'tokenizer.json')
+  np.testing.assert_array_equal(own.tokenizer(TEXTS), want)
 
 
 # ----------------------------------------------------------------------------
