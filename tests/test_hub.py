@@ -472,6 +472,7 @@ def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
   cfg.mesh.num_devices = 1
   cfg.checkpoint_every_steps = 3
   cfg.optim.lr = 1e-3
+  cfg.lock()  # as main.py's config flag
   workdir = str(tmp_path / 'wd')
   summary = train.train_and_evaluate(cfg, workdir)
   assert summary['step'] == 3
