@@ -511,3 +511,17 @@ def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
     mu, _ = ref.encode_text(torch.from_numpy(
         after.tokenizer(TEXTS).astype(np.int64)))
   np.testing.assert_allclose(mu.numpy(), new[0], atol=2e-5)
+
+
+def test_existing_configs_keep_the_old_text_and_image_path():
+  """New settings default to the old behaviour in every shipped config
+  (the tiny demos' numbers cannot change); only the fine-tune config names
+  init_from (empty until set on the command line)."""
+  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  names = sorted(f for f in os.listdir(os.path.join(ROOT, 'configs'))
+                 if f.endswith('.py'))
+  assert 'prolip_b16_finetune.py' in names
+  for name in names:
+    c = presets.load_config_file(os.path.join(ROOT, 'configs', name))
+    assert (c.tokenizer.clean, c.tokenizer.keep_eos, c.data.eval_view,
+            c.init_from) == ('none', False, 'default', ''), name
