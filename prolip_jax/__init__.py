@@ -3,7 +3,8 @@
 __version__ = '0.1.0'
 
 
-def load(path, step=None):
-  """Loads a trained model; see ``prolip_jax.inference.load``."""
+def load(path, step=None, tokenizer=None):
+  """Loads a trained model, an export or Hugging Face snapshot directory, or
+  ``hf-hub:OWNER/NAME``; see ``prolip_jax.inference.load``."""
   from prolip_jax import inference  # pylint: disable=g-import-not-at-top
-  return inference.load(path, step=step)
+  return inference.load(path, step=step, tokenizer=tokenizer)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from prolip_jax import checkpoint
-from prolip_jax import errors
+from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
@@ -72,7 +72,7 @@ class LoadedModel:
   def __init__(self, model_config: ModelConfig, params: Any,
                tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
                batch_size: int = 64, objective: str = 'prolip',
-               run_config: Optional[dict] = None):
+               run_config: Optional[dict] = None, image_view: str = 'default'):
     self.config = model_config
     self.params = params
     self.tokenizer = tokenizer
@@ -80,6 +80,7 @@ class LoadedModel:
     self.std = tuple(std)
     self.batch_size = batch_size
     self.objective = objective
+    self.image_view = image_view  # 'default' or 'release' (open_clip's)
     enc_img, enc_txt = objectives.get(objective).encoders(
         ProLIP(model_config), params, run_config or {})
     norm = lambda x: normalize_images(x, self.mean, self.std)
@@ -93,7 +94,8 @@ class LoadedModel:
     """uint8 HxWx3 images of any size -> (mu ``(n, d)``, logvar or None)."""
     if len(images) == 0:
       raise ValueError('encode_image got no images')
-    batch = pipeline.eval_images(list(images), self.config.vision.image_size)
+    batch = pipeline.eval_images(list(images), self.config.vision.image_size,
+                                 self.image_view)
     return embed_in_batches(self.image_fn, batch, self.batch_size)
 
   def encode_text(self, texts: Sequence[str] | str
@@ -116,18 +118,26 @@ class LoadedModel:
                               None if cls_var is None else np.asarray(cls_var))
 
 
-def load(path: str, step: Optional[int] = None) -> LoadedModel:
-  """Loads a training workdir (Orbax checkpoints) or an export directory.
+def load(path: str, step: Optional[int] = None,
+         tokenizer: Optional[str] = None) -> LoadedModel:
+  """Loads a training workdir, an export / Hugging Face snapshot directory or
+  ``hf-hub:OWNER/NAME``.
 
   Args:
     path: a workdir written by ``prolip_jax.main`` (its latest checkpoint, or
-      ``step``), or a directory with ``model.safetensors`` + ``config.json``
-      written by ``tools/export_pytorch.py``.
+      ``step``); a directory with ``model.safetensors`` + ``config.json``
+      (written by ``tools/export_pytorch.py``, or the ProLIP release's Hub
+      snapshot: see ``prolip_jax.hub`` for the release preset); or
+      ``hf-hub:OWNER/NAME[@REVISION]`` (through huggingface_hub's cache).
     step: checkpoint step for workdirs.
+    tokenizer: snapshots only: a tokenizer file, directory or
+      ``hf-hub:NAME`` to use instead of the snapshot's own.
   """
+  if hub.is_hub_id(path) or hub.is_snapshot(path) or (
+      os.path.isfile(os.path.join(path, EXPORT_CONFIG))
+      and not os.path.isdir(checkpoint.checkpoint_dir(path))):
+    return load_snapshot(path, tokenizer=tokenizer)
   path = os.path.abspath(path)
-  if os.path.exists(os.path.join(path, EXPORT_WEIGHTS)):
-    return _load_export(path)
   params, meta = checkpoint.load_params(path, step)
   model_cfg = ModelConfig.from_config(meta['model'])
   run_cfg = meta.get('config', {})
@@ -136,44 +146,35 @@ def load(path: str, step: Optional[int] = None) -> LoadedModel:
   tokenizer = Tokenizer(
       os.path.join(path, checkpoint.TOKENIZER_FILE),
       model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
-      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'])
+      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'],
+      clean=tok_cfg.get('clean', 'none'),
+      keep_eos=tok_cfg.get('keep_eos', False))
   return LoadedModel(model_cfg, params, tokenizer,
                      data.get('mean', _DEFAULT_MEAN),
                      data.get('std', _DEFAULT_STD),
                      objective=run_cfg.get('objective', 'prolip'),
-                     run_config=run_cfg)
+                     run_config=run_cfg,
+                     image_view=data.get('eval_view', 'default'))
 
 
-def inside(directory: str, name: str) -> str:
-  """``directory/name``, refusing a ``name`` that leads outside
-  ``directory`` (an absolute path, ``..``, or a symlink out of it)."""
-  root = os.path.realpath(directory)
-  full = os.path.realpath(os.path.join(root, name))
-  if os.path.commonpath([root, full]) != root:
-    raise errors.CheckpointError(f'{name!r} named in {directory} points '
-                                 'outside that directory; refusing to read it')
-  return full
+def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
+                  batch_size: int = 64) -> LoadedModel:
+  """A model from a snapshot directory or ``hf-hub:OWNER/NAME[@REV]``.
 
-
-def _load_export(path: str) -> LoadedModel:
-  import json  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  from prolip_jax import convert  # pylint: disable=g-import-not-at-top
-  config_path = os.path.join(path, EXPORT_CONFIG)
-  try:
-    with open(config_path) as f:
-      cfg_json = json.load(f)
-  except (OSError, ValueError) as e:
-    raise errors.CheckpointError(f'{config_path}: cannot read the export '
-                                 f'config ({e})') from e
-  model_cfg = convert.model_config_from_json(cfg_json)
-  params, _ = convert.state_dict_to_params(
-      load_file(os.path.join(path, EXPORT_WEIGHTS)), model_cfg)
-  extra = cfg_json.get('prolip_jax', {})
-  tokenizer = Tokenizer(
-      inside(path, extra.get('tokenizer_file', checkpoint.TOKENIZER_FILE)),
-      model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
-      mask_id=extra.get('mask_id'))
-  return LoadedModel(model_cfg, params, tokenizer,
-                     extra.get('mean', _DEFAULT_MEAN),
-                     extra.get('std', _DEFAULT_STD))
+  Args:
+    path_or_repo: local snapshot directory (config.json + model.safetensors)
+      or ``hf-hub:OWNER/NAME[@REV]``; a release snapshot gets the release
+      preset (``prolip_jax.hub``).
+    tokenizer: optional tokenizer file, directory or ``hf-hub:NAME`` used
+      instead of the snapshot's own / ``text_cfg.hf_tokenizer_name``.
+    batch_size: embedding batch size.
+  Raises:
+    hub.SnapshotError: (a FileNotFoundError) the snapshot, or its tokenizer,
+      cannot be found; the message names the path or repo and cache.
+  """
+  path = hub.resolve(path_or_repo)
+  s = hub.snapshot_settings(path, tokenizer)
+  model_cfg = ModelConfig.from_config(s.model)
+  params = hub.load_params(path, model_cfg)
+  return LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
+                     batch_size=batch_size, image_view=s.image_view)

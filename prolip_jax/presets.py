@@ -98,10 +98,21 @@ def base_config() -> ml_collections.ConfigDict:
       # next good one and counted; above this fraction the run stops.
       'max_bad_fraction': 0.01, 'bad_record_warmup': 1000,
       'tokenizer_max_sentences': 1_000_000,
+      # Eval-time resize + crop of prolip_jax.load: 'default' or 'release'
+      # (open_clip's torchvision roundings).
+      'eval_view': 'default',
   })
   c.tokenizer = ml_collections.ConfigDict({
       'model_path': '',  # empty: train one on the dataset's captions
-      'vocab_size': 256, 'pad_id': -1, 'mask_id': -1})  # -1: from the model
+      'vocab_size': 256, 'pad_id': -1, 'mask_id': -1,  # -1: from the model
+      # Caption cleaning (data/text_clean.py): none, whitespace, lower,
+      # canonicalize (the release's). keep_eos: a truncated sentencepiece row
+      # ends in EOS, as Hugging Face tokenizers do.
+      'clean': 'none', 'keep_eos': False})
+  # A snapshot dir or hf-hub:OWNER/NAME to fine-tune (hub.prepare_init_from);
+  # init_tokenizer optionally overrides its tokenizer.
+  c.init_from = ''
+  c.init_tokenizer = ''
   c.eval = ml_collections.ConfigDict({'every_steps': 0, 'batch_size': 250})
   c.log_every_steps = 20
   c.checkpoint_every_steps = 200

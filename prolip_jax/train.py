@@ -31,6 +31,7 @@ import optax
 from prolip_jax import checkpoint
 from prolip_jax import config_drift
 from prolip_jax import errors
+from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax import progress
 from prolip_jax import sharding as shd
@@ -166,7 +167,9 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]]
   mask = config.tokenizer.mask_id
   return Tokenizer(src, config.model.text.context_length,
                    pad_id=None if pad < 0 else pad,
-                   mask_id=None if mask < 0 else mask)
+                   mask_id=None if mask < 0 else mask,
+                   clean=config.tokenizer.get('clean', 'none'),
+                   keep_eos=config.tokenizer.get('keep_eos', False))
 
 
 def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
@@ -310,6 +313,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
+  with errors.config_errors():
+    config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
   objective = objectives.get(config.objective)
   is_chief = jax.process_index() == 0
   _check_drift(config, workdir, is_chief)

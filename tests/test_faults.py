@@ -388,7 +388,6 @@ def test_load_is_quiet_and_summary_is_labelled(tmp_path, capfd):
 
 def test_export_paths_stay_inside_the_export_directory(tmp_path):
   import prolip_jax  # pylint: disable=g-import-not-at-top
-  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
   train.train_and_evaluate(micro_config(total_steps=1), str(tmp_path / 'w'))
   spec = __import__('importlib.util').util.spec_from_file_location(
       'export_pytorch', os.path.join(REPO, 'tools', 'export_pytorch.py'))
@@ -403,8 +402,6 @@ def test_export_paths_stay_inside_the_export_directory(tmp_path):
     json.dump(cfg, open(out / 'config.json', 'w'))
     with pytest.raises(errors.CheckpointError, match='outside'):
       prolip_jax.load(str(out))
-  assert inference.inside(str(out), 'tokenizer.model') == os.path.realpath(
-      out / 'tokenizer.model')
   (out / 'config.json').write_text('{"model_cfg": ')
   with pytest.raises(errors.CheckpointError, match='config.json'):
     prolip_jax.load(str(out))

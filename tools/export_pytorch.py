@@ -11,7 +11,12 @@ present. ``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
 
 ``--hub_compatible`` leaves the ``prolip_jax`` key out of config.json, which
 the release's ``ProLIPHF.from_pretrained`` needs (it passes every top-level
-key to its constructor); the release code computes the ``release_compat``
+key to its constructor), and writes it to ``OUT/prolip_jax.json`` instead
+(huggingface_hub's ``PyTorchModelHubMixin`` reads only config.json and
+model.safetensors, so the directory can be pushed to the Hub unchanged and
+``prolip_jax.load`` still finds the exact settings). A tokenizer.json
+tokenizer (a fine-tuned release model) is copied as ``OUT/tokenizer.json``.
+The release code computes the ``release_compat``
 forward pass, so this is meant for models trained with
 ``model.release_compat=True``.
 """
@@ -35,6 +40,9 @@ from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
 from prolip_jax import objectives
+from prolip_jax.data.tokenizer import HF_JSON
+from prolip_jax.data.tokenizer import file_kind
+from prolip_jax.hub import PROJECT_FILE
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 WEIGHTS_FILE = 'model.safetensors'
@@ -65,18 +73,30 @@ def export(workdir: str, out: str, step: Optional[int] = None,
   for k in ('mean', 'std'):
     if k in data:
       extra[k] = list(data[k])
-  mask_id = (run_cfg.get('tokenizer') or {}).get('mask_id', -1)
+  if data.get('eval_view', 'default') != 'default':
+    extra['image_view'] = data['eval_view']
+  tok_cfg = run_cfg.get('tokenizer') or {}
+  mask_id = tok_cfg.get('mask_id', -1)
   if mask_id is not None and mask_id >= 0:
     extra['mask_id'] = mask_id
+  if tok_cfg.get('clean', 'none') != 'none':
+    extra['clean'] = tok_cfg['clean']
+  if tok_cfg.get('keep_eos', False):
+    extra['keep_eos'] = True
   tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  tok_name = checkpoint.TOKENIZER_FILE
   if os.path.exists(tokenizer):
-    extra['tokenizer_file'] = checkpoint.TOKENIZER_FILE
+    if file_kind(tokenizer) == HF_JSON:  # a tokenizer.json (fine-tuned release)
+      tok_name = HF_JSON
+    extra['tokenizer_file'] = tok_name
   cfg_json = convert.config_json(model_cfg, extra)
+  project = None
   if hub_compatible:
     if not model_cfg.release_compat:
       print('warning: the model uses the paper forward pass '
             '(release_compat=False); the release code will compute the '
             'release forward pass with these weights', file=sys.stderr)
+    project = cfg_json[convert.PROJECT_KEY]
     cfg_json = convert.hub_config(cfg_json)
 
   os.makedirs(out, exist_ok=True)
@@ -84,8 +104,11 @@ def export(workdir: str, out: str, step: Optional[int] = None,
             metadata={'format': 'pt'})
   with open(os.path.join(out, CONFIG_FILE), 'w') as f:
     json.dump(cfg_json, f, indent=2)
+  if project is not None:  # beside config.json: the mixin ignores it
+    with open(os.path.join(out, PROJECT_FILE), 'w') as f:
+      json.dump(project, f, indent=2)
   if os.path.exists(tokenizer):
-    shutil.copyfile(tokenizer, os.path.join(out, checkpoint.TOKENIZER_FILE))
+    shutil.copyfile(tokenizer, os.path.join(out, tok_name))
   return cfg_json
 
 

@@ -115,7 +115,12 @@ def iterate_from(ds: grain.MapDataset, start_step: int, num_workers: int = 0,
   return iter(it)
 
 
-def eval_images(images: Sequence[Any], image_size: int) -> np.ndarray:
-  """Eval transform of a list of images -> ``(n, s, s, 3)`` uint8."""
-  return np.stack([transforms.eval_view(decode_image(x), image_size)
-                   for x in images])
+def eval_images(images: Sequence[Any], image_size: int,
+                view: str = 'default') -> np.ndarray:
+  """Eval transform of a list of images -> ``(n, s, s, 3)`` uint8.
+
+  ``view``: 'default' (``transforms.eval_view``) or 'release' (open_clip's
+  torchvision resize + centre crop, ``transforms.release_eval_view``).
+  """
+  fn = transforms.EVAL_VIEWS[view]
+  return np.stack([fn(decode_image(x), image_size) for x in images])

@@ -118,3 +118,26 @@ def eval_view(image: np.ndarray, size: int) -> np.ndarray:
   img = img.resize((w, h), Image.BICUBIC)
   left, top = (w - size) // 2, (h - size) // 2
   return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8)
+
+
+def release_eval_view(image: np.ndarray, size: int) -> np.ndarray:
+  """The release's (open_clip's) eval transform, pixel for pixel.
+
+  torchvision ``Resize(size, BICUBIC)`` on the PIL image (shorter side to
+  ``size``, longer side ``int(size * long / short)``, truncated) then
+  ``CenterCrop(size)`` (offsets ``int(round((d - size) / 2))``). Differs from
+  ``eval_view`` only in those roundings.
+  """
+  img = _to_pil(image)
+  w, h = img.width, img.height
+  short, long = min(w, h), max(w, h)
+  new_long = int(size * long / short)
+  new_w, new_h = (size, new_long) if w <= h else (new_long, size)
+  if (new_w, new_h) != (w, h):
+    img = img.resize((new_w, new_h), Image.BICUBIC)
+  left = int(round((new_w - size) / 2.0))
+  top = int(round((new_h - size) / 2.0))
+  return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8)
+
+
+EVAL_VIEWS = {'default': eval_view, 'release': release_eval_view}
