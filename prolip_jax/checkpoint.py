@@ -132,6 +132,26 @@ def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
       meta=ocp.args.JsonSave(meta), **items), force=force)
 
 
+def write_imported(workdir: str, params: Any, config: dict[str, Any],
+                   model: dict[str, Any], source: str):
+  """Writes imported weights as step 0 of ``workdir``, without optimizer
+  state (training starts AdamW afresh from them; Orbax refuses an empty
+  item, so the checkpoint holds only ``params`` and ``meta``).
+
+  ``config``/``model``: the run and model configs as dicts; ``source``: where
+  the weights came from (a file, a snapshot, ``hf-hub:...``).
+  """
+  meta = {'step': 0, 'config': config, 'model': model,
+          'has_opt_state': False, 'imported_from': source,
+          'checksums': {'params': checksum(params)[0]}}
+  os.makedirs(workdir, exist_ok=True)
+  with manager(workdir) as mngr:
+    mngr.save(0, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        meta=ocp.args.JsonSave(meta)), force=True)
+    mngr.wait_until_finished()
+
+
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
             abstract_opt_state: Any, abstract_teacher: Optional[Any] = None
             ) -> tuple[Any, Optional[Any], Optional[Any], dict[str, Any]]:

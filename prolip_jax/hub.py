@@ -343,7 +343,6 @@ def prepare_init_from(config, workdir: str):
   # pylint: disable=g-import-not-at-top
   import jax
   import ml_collections
-  import orbax.checkpoint as ocp
   from jax.experimental import multihost_utils
   from prolip_jax import checkpoint
   from prolip_jax.models import ModelConfig
@@ -368,15 +367,9 @@ def prepare_init_from(config, workdir: str):
     if jax.process_index() == 0:
       model_cfg = ModelConfig.from_config(model)
       params = load_params(path, model_cfg)
-      meta = {'step': 0, 'config': json.loads(config.to_json_best_effort()),
-              'model': model_cfg.to_dict(), 'has_opt_state': False,
-              'imported_from': src}
-      os.makedirs(workdir, exist_ok=True)
-      with checkpoint.manager(workdir) as mngr:
-        mngr.save(0, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            meta=ocp.args.JsonSave(meta)), force=True)
-        mngr.wait_until_finished()
+      checkpoint.write_imported(
+          workdir, params, json.loads(config.to_json_best_effort()),
+          model_cfg.to_dict(), src)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('prolip_jax init_from')
   return config

@@ -35,7 +35,6 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
-import orbax.checkpoint as ocp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -111,20 +110,9 @@ def import_weights(src: str, config, workdir: str,
   except ValueError as e:
     raise ImportFailed(f'{src}: {e}') from e
 
-  meta = {'step': 0,
-          'config': json.loads(config.to_json_best_effort()),
-          'model': model_cfg.to_dict(),
-          'has_opt_state': False,
-          'imported_from': os.path.abspath(src)}
-  os.makedirs(workdir, exist_ok=True)
-  # No optimizer state: Orbax refuses to save an empty item, so the
-  # checkpoint has only the params and meta items (``checkpoint.load_params``
-  # reads it; training must init the optimizer when 'opt_state' is absent).
-  with checkpoint.manager(workdir) as mngr:
-    mngr.save(0, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    mngr.wait_until_finished()
+  checkpoint.write_imported(workdir, params,
+                            json.loads(config.to_json_best_effort()),
+                            model_cfg.to_dict(), os.path.abspath(src))
   if tokenizer:
     shutil.copyfile(tokenizer, os.path.join(workdir, checkpoint.TOKENIZER_FILE))
   return report
