@@ -3,11 +3,12 @@
 python benchmarks/input_pipeline.py [--images 512] [--size 224] \
     [--workers 0,1,2] [--seconds 8]
 
-Builds ~500 realistic JPEGs (random 256-400 px crops of scikit-learn's two
-sample photos, rescaled and flipped, quality 90), writes them as
-array_record shards, trains a small sentencepiece model on their captions,
-then times ``pipeline.train_dataset`` over ``records.CheckedSource`` (the
-real training path: array_record read, msgpack parse, PIL decode, random
+Builds ~500 realistic JPEGs (web-photo sizes: half 500x375, half 800x600,
+quality 90, cut and rescaled from scikit-learn's two sample photos and
+flipped), writes them as array_record shards, trains a small sentencepiece
+model on their captions, then times ``pipeline.train_dataset`` over
+``records.CheckedSource`` (the real training path: array_record read, msgpack
+parse, PIL decode, random
 resized crop to 224, colour jitter, grayscale, tokenise to 64 ids):
 
 * per stage on one thread (where the time goes),
@@ -15,7 +16,13 @@ resized crop to 224, colour jitter, grayscale, tokenise to 64 ids):
   best window is the least disturbed one),
 * the full pipeline on one thread (= images/s one worker process gives),
 * ``pipeline.iterate_from`` with 0 workers (threads only) and N worker
-  processes (each ``num_threads=1``), as train.py drives it.
+  processes (each ``num_threads=1``), as train.py drives it;
+
+each for three set-ups: before (full-size decode, PIL colour jitter in the
+worker), the reduced-scale JPEG decode (``CheckedSource(min_pixels=
+records.train_min_pixels(...))``, as training uses it) and that plus
+``color_on_device`` (the worker only crops; ``data/color.py`` jitters in
+the train step, whose cost on an accelerator is not counted here).
 
 It compares the per-worker rate with what a ViT-B/16 ProLIP training step
 consumes at 50% MFU on one H100 (about 3,500 pairs/s, from the perf notes)
@@ -55,14 +62,15 @@ def make_jpegs(n: int, seed: int = 0) -> list[tuple[bytes, str]]:
   out = []
   for i in range(n):
     img = photos[i % len(photos)]
-    scale = rng.uniform(0.7, 1.0)
-    src = img.resize((int(img.width * scale), int(img.height * scale)),
-                     Image.BICUBIC)
-    w = int(rng.integers(256, min(401, src.width + 1)))
-    h = int(rng.integers(256, min(401, src.height + 1)))
-    x = int(rng.integers(0, src.width - w + 1))
-    y = int(rng.integers(0, src.height - h + 1))
-    crop = src.crop((x, y, x + w, y + h))
+    w, h = ((500, 375), (800, 600))[i % 2]
+    # A random window of the photo (70-100% of it, at the target's aspect
+    # ratio), rescaled to the target size.
+    frac = rng.uniform(0.7, 1.0)
+    cw = int(min(img.width, img.height * w / h) * frac)
+    ch = int(cw * h / w)
+    x = int(rng.integers(0, img.width - cw + 1))
+    y = int(rng.integers(0, img.height - ch + 1))
+    crop = img.resize((w, h), Image.BICUBIC, box=(x, y, x + cw, y + ch))
     if rng.uniform() < 0.5:
       crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
     buf = io.BytesIO()
@@ -132,66 +140,85 @@ def main(argv=None):
   tok_path = train_tokenizer([c for _, c in examples],
                              os.path.join(tmp, 'tok.model'), 256)
   tok = Tokenizer(tok_path, args.context)
-  print(f'{len(examples)} JPEGs, 256-400 px, mean {np.mean(sizes) / 1e3:.1f} '
-        f'kB, in 4 array_record shards ({time.time() - t0:.1f}s to build); '
-        f'cpus visible: {os.cpu_count()}')
+  print(f'{len(examples)} JPEGs, 500x375 and 800x600, mean '
+        f'{np.mean(sizes) / 1e3:.1f} kB, in 4 array_record shards '
+        f'({time.time() - t0:.1f}s to build); cpus visible: {os.cpu_count()}')
 
   raw = records.ArrayRecordSource(pattern)
   n = len(raw)
   parsed = [raw[i] for i in range(n)]
-  decoded = [records.decode_image(r['image']) for r in parsed]
-  aug = transforms.AugmentConfig()
-  rng = np.random.default_rng(0)
-  stage = {
-      'read+parse (array_record, msgpack)': lambda i: raw[i],
-      'JPEG decode (PIL)': lambda i: records.decode_image(parsed[i]['image']),
-      f'train augment to {args.size}px': lambda i: transforms.train_view(
-          decoded[i], args.size, rng, aug),
-      f'tokenise ({args.context} ids)': lambda i: tok(parsed[i]['caption']),
+  host_aug = transforms.AugmentConfig()
+  min_pixels = records.train_min_pixels(args.size, host_aug.crop_scale,
+                                        host_aug.crop_ratio)
+  device_aug = transforms.AugmentConfig(color_on_device=True)
+  variants = {
+      'before: full-size decode, colour jitter on the host': (0, host_aug),
+      f'reduced-scale JPEG decode (>= {min_pixels} px)': (min_pixels,
+                                                          host_aug),
+      'reduced-scale decode + colour jitter on the device': (min_pixels,
+                                                             device_aug),
   }
-  print('\nPer stage, one thread (images/s, best of 3 windows):')
-  inv = 0.0
-  for name, fn in stage.items():
-    r = _rate(fn, n, args.seconds / 4)
-    inv += 1 / r
-    print(f'  {name:40s} {r:9.0f}')
-  print(f'  {"sum of stages":40s} {1 / inv:9.0f}')
+  rng = np.random.default_rng(0)
+  results = {}
+  for variant, (pixels, aug) in variants.items():
+    decoded = [records.decode_image(r['image'], pixels) for r in parsed]
+    stage = {
+        'read+parse (array_record, msgpack)': lambda i: raw[i],
+        'JPEG decode (PIL)': lambda i, p=pixels: records.decode_image(
+            parsed[i]['image'], p),
+        f'train augment to {args.size}px': lambda i, d=decoded, a=aug:
+            transforms.train_view(d[i], args.size, rng, a),
+        f'tokenise ({args.context} ids)': lambda i: tok(parsed[i]['caption']),
+    }
+    print(f'\n== {variant}\nPer stage, one thread (images/s, best of 3 '
+          'windows):')
+    inv = 0.0
+    for name, fn in stage.items():
+      r = _rate(fn, n, args.seconds / 4)
+      inv += 1 / r
+      print(f'  {name:40s} {r:9.0f}')
+    print(f'  {"sum of stages":40s} {1 / inv:9.0f}')
 
-  def dataset():
-    src = records.CheckedSource(records.ArrayRecordSource(pattern))
-    return pipeline.train_dataset(
-        src, tokenizer=tok, image_size=args.size, global_batch_size=args.batch,
-        seed=0, augment=aug), src
+    def dataset(pixels=pixels, aug=aug):
+      src = records.CheckedSource(records.ArrayRecordSource(pattern),
+                                  min_pixels=pixels)
+      return pipeline.train_dataset(
+          src, tokenizer=tok, image_size=args.size,
+          global_batch_size=args.batch, seed=0, augment=aug), src
 
-  ds, src = dataset()
-  steps = n // args.batch
-  one = _rate(lambda i: ds[i], steps, args.seconds) * args.batch
-  print(f'\nFull pipeline, one thread, ds[step] (batch {args.batch}): '
-        f'{one:.0f} images/s')
-
-  results = {'one_thread': one}
-  for workers in [int(w) for w in args.workers.split(',') if w]:
     ds, src = dataset()
-    threads = 2 if workers == 0 else 1
-    it = pipeline.iterate_from(ds, 0, num_workers=workers,
-                               num_threads=threads, prefetch=4)
-    for _ in range(2 + 2 * workers):  # start-up: spawn, first batches
-      next(it)
-    rate = _rate(lambda _: next(it), 1, args.seconds) * args.batch
-    del it
-    label = (f'iterate_from, {workers} worker processes x 1 thread'
-             if workers else 'iterate_from, in-process, 2 threads')
-    per = f', {rate / workers:.0f} per worker' if workers else ''
-    print(f'{label}: {rate:.0f} images/s{per}')
-    results[f'workers={workers}'] = rate
-    stats = src.stats()
-    assert stats['bad'] == 0, stats
+    steps = n // args.batch
+    one = _rate(lambda i: ds[i], steps, args.seconds) * args.batch
+    print(f'Full pipeline, one thread, ds[step] (batch {args.batch}): '
+          f'{one:.0f} images/s')
+    results[variant] = {'one_thread': one}
+    for workers in [int(w) for w in args.workers.split(',') if w]:
+      ds, src = dataset()
+      threads = 2 if workers == 0 else 1
+      it = pipeline.iterate_from(ds, 0, num_workers=workers,
+                                 num_threads=threads, prefetch=4)
+      for _ in range(2 + 2 * workers):  # start-up: spawn, first batches
+        next(it)
+      rate = _rate(lambda _: next(it), 1, args.seconds) * args.batch
+      del it
+      label = (f'iterate_from, {workers} worker processes x 1 thread'
+               if workers else 'iterate_from, in-process, 2 threads')
+      per = f', {rate / workers:.0f} per worker' if workers else ''
+      print(f'{label}: {rate:.0f} images/s{per}')
+      results[variant][f'workers={workers}'] = rate
+      stats = src.stats()
+      assert stats['bad'] == 0, stats
 
   need = H100_B16_PAIRS_PER_S
-  print(f'\nA B/16 step at 50% MFU on one H100 consumes ~{need} pairs/s: '
-        f'{need / one:.1f} cores at the measured {one:.0f} images/s per '
-        f'worker process (perf notes budget: 16 host cores per GPU, '
-        f'{need / 16:.0f} images/s each).')
+  print(f'\nA B/16 step at 50% MFU on one H100 consumes ~{need} pairs/s '
+        f'(perf notes budget: 16 host cores per GPU, {need / 16:.0f} '
+        'images/s each):')
+  for variant, r in results.items():
+    one = r['one_thread']
+    print(f'  {variant}: {one:.0f} images/s per core -> {need / one:.1f} '
+          'cores per GPU')
+  rates = [r['one_thread'] for r in results.values()]
+  print(f'  speed-up per core, last vs first: {rates[-1] / rates[0]:.2f}x')
   return results
 
 

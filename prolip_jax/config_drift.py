@@ -19,7 +19,8 @@ from prolip_jax import errors
 FIXED = ('model.', 'tokenizer.', 'batch_size', 'seed', 'objective', 'masking.',
          'data.name', 'data.path', 'data.tfds_', 'data.num_views',
          'data.crop_scale', 'data.jitter', 'data.jitter_prob',
-         'data.grayscale_prob', 'data.mean', 'data.std', 'uniclip.')
+         'data.grayscale_prob', 'data.color_on_device', 'data.mean',
+         'data.std', 'uniclip.')
 _ABSENT = '<absent>'
 
 

@@ -63,6 +63,8 @@ MEANINGS = {
     'data.jitter': 'colour jitter (brightness, contrast, saturation, hue)',
     'data.jitter_prob': 'probability of colour jitter',
     'data.grayscale_prob': 'probability of grayscale',
+    'data.color_on_device': 'apply jitter/grayscale in the train step (the '
+                            'host only crops; same random draws)',
     'data.num_views': 'augmented views per image (UniCLIP: > 1)',
     'data.num_workers': 'Grain worker processes (0: in-process)',
     'data.num_threads': 'Grain read threads',

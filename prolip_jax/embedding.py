@@ -1,5 +1,6 @@
 """Shared by training, inference and evaluation: image normalisation and
-embedding in fixed-size batches. Imports nothing else of the package."""
+embedding in fixed-size batches. Imports nothing else of the package but
+the (self-contained) device colour jitter."""
 
 from __future__ import annotations
 
@@ -9,10 +10,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prolip_jax.data import color
+
 
 def normalize_images(images: jax.Array, mean, std) -> jax.Array:
   """uint8 ``(b, h, w, 3)`` -> float32 normalised with per-channel mean/std."""
   x = images.astype(jnp.float32) / 255.0
+  return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
+
+
+def train_images(batch: dict, mean, std) -> jax.Array:
+  """A train batch's views, normalised: ``normalize_images`` of
+  ``batch['image']``, after the colour jitter the pipeline left to the
+  device (``data.color_on_device``: the batch then carries
+  ``color_order``)."""
+  if 'color_order' not in batch:
+    return normalize_images(batch['image'], mean, std)
+  x = color.color_jitter(batch['image'], batch['aug'], batch['color_order'])
   return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
 
 

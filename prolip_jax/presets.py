@@ -84,6 +84,9 @@ def base_config() -> ml_collections.ConfigDict:
       'jitter': (0.32, 0.32, 0.32, 0.08),
       'jitter_prob': 0.8,
       'grayscale_prob': 0.2,
+      # Apply the jitter and grayscale drawn on the host in the train step
+      # (prolip_jax/data/color.py) instead of with PIL in the workers.
+      'color_on_device': False,
       # Augmented views per image; > 1 only for multi-view objectives
       # (objectives.MULTI_VIEW: UniCLIP).
       'num_views': 1,

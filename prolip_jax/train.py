@@ -185,7 +185,8 @@ def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
 def augment_config(data) -> transforms.AugmentConfig:
   return transforms.AugmentConfig(
       crop_scale=tuple(data.crop_scale), jitter=tuple(data.jitter),
-      jitter_prob=data.jitter_prob, grayscale_prob=data.grayscale_prob)
+      jitter_prob=data.jitter_prob, grayscale_prob=data.grayscale_prob,
+      color_on_device=bool(data.get('color_on_device', False)))
 
 
 def validate_config(config):

@@ -700,3 +700,82 @@ def test_zero_shot_folder(tmp_path, digit_data):
                                                   'sea_lion': 'seal'})
   assert named.class_names == ('kitten', 'pup', 'seal')
   assert named.templates == ('a photo of a {}.',)
+
+
+def test_jpeg_draft_decode_keeps_every_training_crop_large_enough(photos):
+  size, scale, ratio = 224, (0.8, 1.0), (3 / 4, 4 / 3)
+  need = records.train_min_pixels(size, scale, ratio)
+  assert need == int(np.ceil(224**2 / (0.8 * 0.75)))
+  big = np.asarray(Image.fromarray(photos[0]).resize((800, 600),
+                                                     Image.BICUBIC))
+  full = records.decode_image(_jpeg(big))
+  half = records.decode_image(_jpeg(big), need)
+  assert full.shape == (600, 800, 3) and half.shape == (300, 400, 3)
+  # The DCT-domain half-size decode is the full decode, shrunk.
+  shrunk = np.asarray(Image.fromarray(full).resize((400, 300), Image.BOX),
+                      np.float64)
+  assert np.abs(half - shrunk).mean() < 3.0
+  # Smaller JPEGs (and PNGs, arrays) are decoded at full size.
+  small = big[:375, :500]
+  assert records.decode_image(_jpeg(small), need).shape == (375, 500, 3)
+  png = io.BytesIO()
+  Image.fromarray(big).save(png, 'PNG')
+  assert records.decode_image(png.getvalue(), need).shape == (600, 800, 3)
+  # Every crop the training transform draws on the reduced image is at
+  # least `size` on each side (sampled, independently of the formula).
+  rng = np.random.default_rng(0)
+  sides = [min(w, h) for _, _, w, h in (
+      transforms.random_resized_crop_box(rng, 400, 300, scale, ratio)
+      for _ in range(3000))]
+  assert min(sides) >= size - 1  # integer rounding of the box
+  # CheckedSource decodes with it.
+  src = records.CheckedSource([{'image': _jpeg(big), 'caption': 'x'}],
+                              min_pixels=need)
+  assert src[0]['image'].shape == (300, 400, 3)
+
+
+def test_colour_jitter_on_device_matches_the_host_pil_jitter(photos):
+  """Same random draws with `color_on_device`: identical crops, the same
+  factors and order; the device applies them as PIL does, up to PIL's
+  rounding to uint8 between operations."""
+  from prolip_jax.data import color  # pylint: disable=g-import-not-at-top
+  image = photos[1][:300, :400]
+  host_cfg = transforms.AugmentConfig(jitter_prob=0.8, grayscale_prob=0.2)
+  dev_cfg = transforms.AugmentConfig(jitter_prob=0.8, grayscale_prob=0.2,
+                                     color_on_device=True)
+  plain_cfg = transforms.AugmentConfig(jitter_prob=0.0, grayscale_prob=0.0)
+  host, dev, orders, augs, crops = [], [], [], [], []
+  for seed in range(24):
+    h_view, h_aug, h_order = transforms.train_view_and_order(
+        image, 48, np.random.default_rng(seed), host_cfg)
+    d_view, d_aug, d_order = transforms.train_view_and_order(
+        image, 48, np.random.default_rng(seed), dev_cfg)
+    np.testing.assert_array_equal(h_aug, d_aug)
+    np.testing.assert_array_equal(h_order, d_order)
+    # The device view is the crop alone: what a jitter-free draw gives.
+    plain, _, _ = transforms.train_view_and_order(
+        image, 48, np.random.default_rng(seed), plain_cfg)
+    np.testing.assert_array_equal(d_view, plain)
+    host.append(h_view)
+    dev.append(d_view)
+    orders.append(d_order)
+    augs.append(d_aug)
+  jittered = np.asarray(color.color_jitter(
+      np.stack(dev), np.stack(augs), np.stack(orders))) * 255
+  diff = np.abs(jittered - np.stack(host).astype(np.float64))
+  # PIL rounds to uint8 between the operations and keeps HSV in 8 bits;
+  # that alone gives about 1 level on average, 9 at the 99.9th percentile.
+  # A wrong order, a swapped operation or a flipped hue sign give means of
+  # 2-15 and 99.9th percentiles of 30-170 levels.
+  assert diff.mean() < 1.5 and np.percentile(diff, 99.9) <= 12.0, (
+      diff.mean(), np.percentile(diff, 99.9), diff.max())
+  # Views without jitter or grayscale come back unchanged.
+  plain_rows = [k for k, a in enumerate(augs)
+                if (a[4:8] == [1, 1, 1, 0]).all() and a[10] == 0]
+  assert plain_rows
+  np.testing.assert_allclose(jittered[plain_rows],
+                             np.stack(dev)[plain_rows], atol=1e-3)
+  # Several views per example (UniCLIP): the leading axes are kept.
+  multi = color.color_jitter(np.stack(dev)[None], np.stack(augs)[None],
+                             np.stack(orders)[None])
+  np.testing.assert_allclose(np.asarray(multi)[0] * 255, jittered, atol=1e-3)

@@ -204,3 +204,31 @@ def test_array_record_training_counts_and_stops_on_bad_records(tmp_path):
   with pytest.raises(records.BadRecordError, match='dirty.array_record'):
     train.train_and_evaluate(cfg, str(tmp_path / 'stop'))
   assert checkpoint.latest_step(str(tmp_path / 'stop')) in (0, 1)
+
+
+def test_colour_on_device_plumbing_gives_the_host_run(tmp_path):
+  """`data.color_on_device` sends the jitter order with the batch and the
+  train step applies it; with nothing to apply (no jitter, no grayscale) the
+  run must be the host run up to float rounding of the identity ops."""
+  runs = {}
+  for on_device in (False, True):
+    cfg = micro_config(total_steps=3)
+    cfg.data.jitter_prob = 0.0
+    cfg.data.grayscale_prob = 0.0
+    cfg.data.color_on_device = on_device
+    train.train_and_evaluate(cfg, str(tmp_path / str(on_device)))
+    runs[on_device], _ = _params(str(tmp_path / str(on_device)))
+  host, dev = (jax.tree.leaves(runs[k]) for k in (False, True))
+  for a, b in zip(host, dev):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+  # And the batch really carried the order (the device path ran).
+  from prolip_jax.data import pipeline, sources  # pylint: disable=g-import-not-at-top
+  cfg = micro_config()
+  cfg.data.color_on_device = True
+  source, _ = sources.train_source(cfg)
+  element = pipeline.TrainTransform(
+      lambda text: np.zeros((1, 16), np.int32), 32,
+      train.augment_config(cfg.data)).random_map(
+          source[0], np.random.default_rng(0))
+  assert element['color_order'].shape == (4,)
+  assert sorted(element['color_order'].tolist()) == [0, 1, 2, 3]

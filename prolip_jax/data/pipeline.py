@@ -38,7 +38,9 @@ def _caption(record: dict, rng: Optional[np.random.Generator]) -> str:
 class TrainTransform(grain.transforms.RandomMap):
   """Record -> ``{'image': (s, s, 3) uint8, 'tokens': (L,) int32, 'aug'}``.
 
-  ``aug`` is the view's ``(AUG_DIM,)`` augmentation vector. With
+  ``aug`` is the view's ``(AUG_DIM,)`` augmentation vector; with
+  ``augment.color_on_device`` the view is only cropped and ``color_order``
+  ``(4,)`` (the jitter order) goes with it to the train step. With
   ``num_views = V > 1`` (multi-view objectives: UniCLIP), the record gives V
   independently augmented views of its image: ``image (V, s, s, 3)`` and
   ``aug (V, AUG_DIM)``, one caption.
@@ -57,15 +59,18 @@ class TrainTransform(grain.transforms.RandomMap):
     image = decode_image(element['image'])
     # Views draw from the one per-element RNG in turn, then the caption: for
     # V = 1 the draws (and the output) are exactly the single-view ones.
-    views = [transforms.train_view(image, self.image_size, rng, self.augment)
+    views = [transforms.train_view_and_order(image, self.image_size, rng,
+                                             self.augment)
              for _ in range(self.num_views)]
     tokens = self.tokenizer(_caption(element, rng))[0]
     if self.num_views == 1:
-      image, aug = views[0]
+      image, aug, order = views[0]
     else:
-      image = np.stack([img for img, _ in views])
-      aug = np.stack([a for _, a in views])
-    return {'image': image, 'tokens': tokens, 'aug': aug}
+      image, aug, order = (np.stack(parts) for parts in zip(*views))
+    out = {'image': image, 'tokens': tokens, 'aug': aug}
+    if self.augment.color_on_device:  # colour_jitter in the train step
+      out['color_order'] = order
+    return out
 
 
 def local_batch_size(global_batch_size: int, process_count: int) -> int:

@@ -123,10 +123,21 @@ def check_image_bytes(data: bytes) -> Optional[str]:
   return None
 
 
-def decode_image(image: Any) -> np.ndarray:
-  """HxWx3 uint8 from encoded bytes (as ``pipeline.decode_image``) or array."""
+def decode_image(image: Any, min_pixels: int = 0) -> np.ndarray:
+  """HxWx3 uint8 from encoded bytes (as ``pipeline.decode_image``) or array.
+
+  ``min_pixels > 0``: a JPEG is decoded at the smallest of libjpeg's DCT
+  scales (1, 1/2, 1/4, 1/8) that still leaves at least ``min_pixels``
+  pixels, several times cheaper than decoding at full size and then
+  shrinking (``train_min_pixels`` says how many the training crop needs).
+  """
   if isinstance(image, (bytes, bytearray, memoryview)):
     with Image.open(io.BytesIO(image)) as img:
+      width, height = img.size
+      if min_pixels and img.format == 'JPEG' and (
+          width * height >= 4 * min_pixels):
+        k = (min_pixels / (width * height)) ** 0.5
+        img.draft('RGB', (int(np.ceil(width * k)), int(np.ceil(height * k))))
       out = np.asarray(img.convert('RGB'), np.uint8)
   else:
     out = np.asarray(image)
@@ -420,8 +431,20 @@ def open_tfds(name: str, split: str, data_dir: Optional[str] = None,
 # Bad-record handling at training time.
 
 
-def check_record(record: Any, decode: bool = True) -> dict:
-  """A usable copy of ``record`` (image decoded when ``decode``) or raises
+def train_min_pixels(image_size: int, crop_scale: Sequence[float],
+                     crop_ratio: Sequence[float]) -> int:
+  """Pixels an image needs so that every random resized crop of it
+  (area >= ``crop_scale[0]``, aspect ratio in ``crop_ratio``) is at least
+  ``image_size`` pixels on each side: the narrow side of such a crop is
+  sqrt(scale * area * min(ratio, 1/ratio))."""
+  narrow = min(min(r, 1 / r) for r in crop_ratio)
+  return int(np.ceil(image_size**2 / (crop_scale[0] * narrow)))
+
+
+def check_record(record: Any, decode: bool = True, min_pixels: int = 0
+                 ) -> dict:
+  """A usable copy of ``record`` (image decoded when ``decode``, JPEGs at a
+  reduced scale keeping ``min_pixels``: ``decode_image``) or raises
   ``BadRecord``. Captions: ``caption`` must be non-blank text; a ``captions``
   list keeps its non-blank entries and must keep at least one."""
   if not isinstance(record, dict):
@@ -448,7 +471,7 @@ def check_record(record: Any, decode: bool = True) -> dict:
     raise BadRecord(MISSING_IMAGE)
   if decode:
     try:
-      out['image'] = decode_image(image)
+      out['image'] = decode_image(image, min_pixels)
     except Exception as e:  # pylint: disable=broad-except
       raise BadRecord(CORRUPT_IMAGE, f'{type(e).__name__}: {e}') from None
   return out
@@ -468,7 +491,8 @@ class CheckedSource:
   """Training-time guard over a record source: decode, validate, replace.
 
   ``checked[i]`` reads ``source[i]``, decodes its image (so the pipeline does
-  not decode it again) and checks its caption. When record ``i`` is bad
+  not decode it again; JPEGs at a reduced DCT scale that keeps
+  ``min_pixels``, see ``decode_image``) and checks its caption. When record ``i`` is bad
   (unreadable, undecodable image, missing/blank caption), ``checked[i]`` is
   the first good record after it, ``i+1, i+2, ...`` (wrapping around). The
   replacement depends only on the data, never on thread/worker timing or on
@@ -498,13 +522,14 @@ class CheckedSource:
 
   def __init__(self, source: Sequence[Any], max_bad_fraction: float = 0.01,
                warmup: int = 1000, decode: bool = True,
-               report_every: int = 256):
+               report_every: int = 256, min_pixels: int = 0):
     if not 0 <= max_bad_fraction < 1:
       raise ValueError(f'max_bad_fraction {max_bad_fraction} not in [0, 1)')
     self.source = source
     self.max_bad_fraction = float(max_bad_fraction)
     self.warmup = int(warmup)
     self.decode = decode
+    self.min_pixels = int(min_pixels)
     self.report_every = int(report_every)
     self._report_dir = tempfile.mkdtemp(prefix='prolip_bad_records_')
     weakref.finalize(self, _remove_dir, self._report_dir, os.getpid())
@@ -548,7 +573,7 @@ class CheckedSource:
     if known is not None:  # do not decode a known-bad record again
       raise BadRecord(*known)
     try:
-      return check_record(self.source[index], self.decode)
+      return check_record(self.source[index], self.decode, self.min_pixels)
     except Exception as e:  # pylint: disable=broad-except
       if not isinstance(e, BadRecord):
         e = BadRecord(UNREADABLE, f'{type(e).__name__}: {e}')

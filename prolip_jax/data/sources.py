@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from prolip_jax.data import digits
 from prolip_jax.data import records
+from prolip_jax.data import transforms
 
 SOURCES = ('digits', 'array_record', 'tfds')
 
@@ -45,10 +46,16 @@ def _get(data, name: str):
   return data.get(name, DEFAULTS[name])
 
 
-def _checked(source, data) -> records.CheckedSource:
+def _checked(source, config) -> records.CheckedSource:
+  data = config.data
+  # Decode JPEGs no larger than every training crop needs (see
+  # records.train_min_pixels): the crop is then drawn on the smaller image.
+  min_pixels = records.train_min_pixels(
+      config.model.vision.image_size, tuple(data.crop_scale),
+      transforms.AugmentConfig().crop_ratio)
   return records.CheckedSource(
       source, max_bad_fraction=float(_get(data, 'max_bad_fraction')),
-      warmup=int(_get(data, 'bad_record_warmup')))
+      warmup=int(_get(data, 'bad_record_warmup')), min_pixels=min_pixels)
 
 
 def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
@@ -74,7 +81,7 @@ def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
         caption_key=_get(data, 'tfds_caption_key'))
   else:
     raise ValueError(f'unknown data.name {data.name!r}; have {SOURCES}')
-  return _checked(raw, data), lambda: records.caption_corpus(raw,
+  return _checked(raw, config), lambda: records.caption_corpus(raw,
                                                              max_sentences)
 
 

@@ -30,6 +30,9 @@ class AugmentConfig:
   jitter: tuple[float, float, float, float] = (0.32, 0.32, 0.32, 0.08)
   jitter_prob: float = 0.8
   grayscale_prob: float = 0.2
+  # Draw the colour jitter and grayscale here but apply them on the
+  # accelerator (prolip_jax/data/color.py): same random numbers, same crops.
+  color_on_device: bool = False
 
 
 def identity_aug_vector() -> np.ndarray:
@@ -82,7 +85,21 @@ def train_view(image: np.ndarray, size: int, rng: np.random.Generator,
                cfg: AugmentConfig = AugmentConfig()
                ) -> tuple[np.ndarray, np.ndarray]:
   """One augmented ``(size, size, 3)`` uint8 view and its parameter vector."""
+  view, aug, _ = train_view_and_order(image, size, rng, cfg)
+  return view, aug
+
+
+def train_view_and_order(image: np.ndarray, size: int,
+                         rng: np.random.Generator,
+                         cfg: AugmentConfig = AugmentConfig()
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """``train_view`` plus the ``(4,)`` order of the jitter operations (0
+  brightness, 1 contrast, 2 saturation, 3 hue). With
+  ``cfg.color_on_device`` the view is only cropped: the jitter and
+  grayscale drawn (same random numbers) are left to ``color.color_jitter``.
+  """
   img = _to_pil(image)
+  order = np.arange(4, dtype=np.int8)
   aug = identity_aug_vector()
   left, top, w, h = random_resized_crop_box(rng, img.width, img.height,
                                             cfg.crop_scale, cfg.crop_ratio)
@@ -100,13 +117,16 @@ def train_view(image: np.ndarray, size: int, rng: np.random.Generator,
            lambda im, f=factors[1]: ImageEnhance.Contrast(im).enhance(f),
            lambda im, f=factors[2]: ImageEnhance.Color(im).enhance(f),
            lambda im, f=factors[3]: _shift_hue(im, f)]
-    for k in rng.permutation(4):  # torchvision applies them in random order
-      img = ops[k](img)
+    order = rng.permutation(4).astype(np.int8)  # torchvision: random order
+    if not cfg.color_on_device:
+      for k in order:
+        img = ops[k](img)
     aug[4:8] = factors
   if rng.uniform() < cfg.grayscale_prob:
-    img = img.convert('L').convert('RGB')
+    if not cfg.color_on_device:
+      img = img.convert('L').convert('RGB')
     aug[10] = 1.0
-  return np.asarray(img, np.uint8), aug
+  return np.asarray(img, np.uint8), aug, order
 
 
 def eval_view(image: np.ndarray, size: int) -> np.ndarray:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from prolip_jax import sharding as shd
-from prolip_jax.embedding import normalize_images
+from prolip_jax.embedding import train_images
 from prolip_jax.losses import GaussianBatch
 
 Array = jax.Array
@@ -170,7 +170,7 @@ class Objective:
 
     def loss_fn(params, teacher, batch, rng):
       apply = functools.partial(model.apply, {'params': params})
-      images = normalize_images(batch['image'], mean, std)
+      images = train_images(batch, mean, std)
       tokens = batch['tokens']
       img = GaussianBatch(*apply(images, method='encode_image'))
       txt = GaussianBatch(*apply(tokens, method='encode_text'))

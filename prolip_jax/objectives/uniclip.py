@@ -35,7 +35,7 @@ import numpy as np
 
 from prolip_jax import sharding as shd
 from prolip_jax.data import transforms
-from prolip_jax.embedding import normalize_images
+from prolip_jax.embedding import train_images
 from prolip_jax.losses import uniclip as uniclip_loss
 from prolip_jax.models import heads as heads_lib
 from prolip_jax.objectives.base import Objective
@@ -276,8 +276,7 @@ class UniCLIPObjective(Objective):
     def loss_fn(params, teacher, batch, rng):
       # Nothing random on device (the views come from the pipeline).
       del teacher, rng
-      images = normalize_images(batch['image'], config.data.mean,
-                                config.data.std)
+      images = train_images(batch, config.data.mean, config.data.std)
       z_views, z_txt = embed(model, params, config, images, batch['aug'],
                              batch['tokens'])
       tau, offset = domain_scalars(params[PARAMS_KEY], min_tau)
