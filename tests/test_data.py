@@ -779,3 +779,15 @@ def test_colour_jitter_on_device_matches_the_host_pil_jitter(photos):
   multi = color.color_jitter(np.stack(dev)[None], np.stack(augs)[None],
                              np.stack(orders)[None])
   np.testing.assert_allclose(np.asarray(multi)[0] * 255, jittered, atol=1e-3)
+
+
+def test_train_source_decodes_no_larger_than_the_crop_needs(digit_shards):
+  data = {'name': 'array_record', 'path': digit_shards,
+          'crop_scale': (0.5, 1.0)}
+  config = ml_collections.ConfigDict({'data': data,
+                                      'model': {'vision': {'image_size': 64}}})
+  src, _ = sources.train_source(config)
+  assert src.min_pixels == int(np.ceil(64**2 / (0.5 * 0.75)))
+  # A data-only config (no image size) decodes at full size.
+  src, _ = sources.train_source(ml_collections.ConfigDict({'data': data}))
+  assert src.min_pixels == 0

@@ -50,9 +50,14 @@ def _checked(source, config) -> records.CheckedSource:
   data = config.data
   # Decode JPEGs no larger than every training crop needs (see
   # records.train_min_pixels): the crop is then drawn on the smaller image.
-  min_pixels = records.train_min_pixels(
-      config.model.vision.image_size, tuple(data.crop_scale),
-      transforms.AugmentConfig().crop_ratio)
+  # A config without the image size (a data-only config) decodes in full.
+  image_size = config.get('model', {}).get('vision', {}).get('image_size')
+  min_pixels = 0
+  if image_size:
+    defaults = transforms.AugmentConfig()
+    min_pixels = records.train_min_pixels(
+        image_size, tuple(data.get('crop_scale', defaults.crop_scale)),
+        defaults.crop_ratio)
   return records.CheckedSource(
       source, max_bad_fraction=float(_get(data, 'max_bad_fraction')),
       warmup=int(_get(data, 'bad_record_warmup')), min_pixels=min_pixels)
