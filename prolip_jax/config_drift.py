@@ -18,9 +18,12 @@ from prolip_jax import errors
 # Prefixes of the keys that may not change on resume.
 FIXED = ('model.', 'tokenizer.', 'batch_size', 'seed', 'objective', 'masking.',
          'data.name', 'data.path', 'data.tfds_', 'data.num_views',
+         'data.split', 'data.render_size',
          'data.crop_scale', 'data.jitter', 'data.jitter_prob',
          'data.grayscale_prob', 'data.color_on_device', 'data.mean',
-         'data.std', 'uniclip.')
+         'data.std', 'uniclip.',
+         # Adds a parameter group, so the optimizer state changes structure.
+         'optim.unc_lr_mult')
 _ABSENT = '<absent>'
 
 

@@ -55,8 +55,13 @@ MEANINGS = {
     'optim.end_lr_ratio': 'final lr as a fraction of the peak',
     'optim.grad_clip': 'global-norm gradient clip (0: none)',
     'optim.max_logit_scale': 'clamp of a',
+    'optim.unc_lr_mult': ('learning-rate multiplier of the [UNC] tokens and '
+                          'uncertainty heads (1: paper)'),
     'data': 'training data and augmentations',
-    'data.name': 'digits | array_record | tfds',
+    'data.name': 'digits | emoji | array_record | tfds',
+    'data.split': ('split of a bundled source (digits, emoji): train, or fit '
+                   '+ val (validation carved from train)'),
+    'data.render_size': 'emoji: pixels of the rendered glyphs',
     'data.mean': 'per-channel normalisation mean',
     'data.std': 'per-channel normalisation std',
     'data.crop_scale': 'random resized crop area range',

@@ -75,9 +75,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict({
       'lr': 5e-4, 'b1': 0.9, 'b2': 0.95, 'eps': 1e-6, 'weight_decay': 0.2,
       'warmup_steps': 100, 'end_lr_ratio': 0.0, 'grad_clip': 0.0,
-      'max_logit_scale': 100.0})
+      'max_logit_scale': 100.0,
+      # Learning-rate multiplier of the [UNC] tokens and uncertainty heads
+      # (train.UNCERTAINTY_PARAMS); 1 is the paper's recipe.
+      'unc_lr_mult': 1.0})
   c.data = ml_collections.ConfigDict({
       'name': 'digits',
+      # Bundled sources (digits, emoji): 'train', or 'fit' + 'val' (a
+      # validation split carved from 'train' for choosing knobs).
+      'split': 'train',
+      'render_size': 64,  # emoji: pixels of the rendered glyphs
       'mean': (0.48145466, 0.4578275, 0.40821073),  # CLIP's constants
       'std': (0.26862954, 0.26130258, 0.27577711),
       'crop_scale': (0.8, 1.0),
@@ -199,3 +206,21 @@ def _uniclip_settings(c: ml_collections.ConfigDict):
       'aug_features': 64, 'aug_hidden': 64,  # f_A
       'use_aug': True,
       'init_tau': 0.07, 'init_offset': 0.0})  # eq. 16 starts as eq. 13
+
+
+def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
+  """The tiny model on the bundled emoji hierarchy (``data/emoji.py``).
+
+  OpenMoji glyphs rendered at 64 px, captions drawn per example from five
+  levels of specificity (root, group, subgroup, name, templated name);
+  held-out names are never trained on. Colour is part of many names ('red
+  heart', 'blue heart'), so no colour jitter or grayscale.
+  """
+  c = tiny_demo_config(objective)
+  c.data.name = 'emoji'
+  c.data.jitter_prob = 0.0
+  c.data.grayscale_prob = 0.0
+  # ~1,500 distinct names: a larger vocabulary than the digits' 256.
+  c.tokenizer.vocab_size = 1024
+  c.model.text.vocab_size = 1024
+  return c

@@ -75,11 +75,35 @@ def weight_decay_mask(params: Any) -> Any:
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+# The parameters that produce log sigma^2 and nothing else: the [UNC] tokens
+# and the uncertainty heads of both towers (paper 4.1).
+UNCERTAINTY_PARAMS = ('unc_embedding', 'uncertainty_proj', 'unc_emb',
+                      'text_uncertainty_projection')
+
+
+def uncertainty_mask(params: Any) -> Any:
+  """True for every leaf under one of ``UNCERTAINTY_PARAMS``."""
+  def under(path, _):
+    return any(getattr(k, 'key', None) in UNCERTAINTY_PARAMS for k in path)
+  return jax.tree_util.tree_map_with_path(under, params)
+
+
 def make_optimizer(optim, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW on ``learning_rate_schedule`` (optionally after a global-norm
+  clip). ``optim.unc_lr_mult`` != 1 multiplies the update, weight decay
+  included, of the ``UNCERTAINTY_PARAMS`` group: their learning rate is
+  ``unc_lr_mult * lr`` (a short-run knob, docs/small_scale_uncertainty.md)."""
   schedule = learning_rate_schedule(optim, total_steps)
   tx = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                    weight_decay=optim.weight_decay, mask=weight_decay_mask)
+  unc_lr_mult = float(optim.get('unc_lr_mult', 1.0))
+  if unc_lr_mult <= 0:
+    raise ValueError(f'optim.unc_lr_mult must be > 0, got {unc_lr_mult}')
+  if unc_lr_mult != 1.0:
+    # Only when set, so the optimizer state of existing runs keeps its shape.
+    tx = optax.chain(tx, optax.masked(optax.scale(unc_lr_mult),
+                                      uncertainty_mask))
   if optim.grad_clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), tx)
   return tx, schedule
@@ -402,17 +426,19 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
   gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
 
   def run_eval():
-    # The built-in train-time eval is the held-out digits; other data sets are
-    # evaluated with `python -m prolip_jax.evaluate` on a checkpoint.
-    if config.data.name != 'digits':
+    # The built-in train-time eval is the held-out part of the bundled data
+    # sets (digits, emoji); other data sets are evaluated with
+    # `python -m prolip_jax.evaluate` on a checkpoint.
+    if config.data.name not in train_time.HELDOUT:
       return {}
     # Every host evaluates the same replicated parameters on the held-out set.
     encoders = train_time.jit_encoders(objective, model,
                                        gather(state.params), config)
     size = model_cfg.vision.image_size
-    results = train_time.zero_shot_digits(encoders, tokenizer, config, size)
-    results.update(objective.train_eval_metrics(encoders, tokenizer, config,
-                                                size))
+    results = train_time.zero_shot_heldout(encoders, tokenizer, config, size)
+    if config.data.name == 'digits':  # the objectives' extras are digits-only
+      results.update(objective.train_eval_metrics(encoders, tokenizer, config,
+                                                  size))
     return results
 
   if is_chief:
@@ -484,7 +510,9 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
   summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
              'train': last_metrics, 'preempted': stopper.stop,
              'workdir': workdir, 'batch_size': config.batch_size,
-             'total_steps': config.total_steps}
+             'total_steps': config.total_steps,
+             'heldout': train_time.heldout_info(config) if eval_results
+                        else None}
   if is_chief:
     print(train_time.format_summary(summary), flush=True)
   return summary

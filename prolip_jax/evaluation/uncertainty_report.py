@@ -62,6 +62,11 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
     sl = np.array([[s_of[caps[j]] for j in levels] for caps in data.captions])
     order = U.hierarchy_order(sl)
     metrics['level_adjacent_decreasing'] = order['adjacent_decreasing']
+    metrics['level_chain_decreasing'] = order['chain_decreasing']
+    metrics['level_min_general_above_specific'] = min(
+        order['pairwise'][i][j] for i in range(len(levels))
+        for j in range(i + 1, len(levels)))
+    metrics['spearman_level_sigma2'] = order['spearman_level']
     names = [(data.level_names[j] if data.level_names else str(j))
              for j in levels]
     details['levels'] = {'indices': list(levels), 'names': names, **order}
@@ -84,6 +89,20 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
       view = emb.images(U.occlude_center(data.images[sub], v),
                         desc=f'images, {name}')
     tests[f'image, {name}'] = U.inclusion_test(orig, view, eps)
+  if levels:
+    # The text hierarchy as inclusion (4.4): each caption inside the more
+    # general caption one level up, H(level j+1 ⊂ level j) > 0.
+    row = {c: i for i, c in enumerate(texts)}
+    chain = []
+    for a, b in zip(levels[:-1], levels[1:]):
+      gen = np.array([row[caps[a]] for caps in data.captions])
+      spec = np.array([row[caps[b]] for caps in data.captions])
+      t = U.inclusion_test((txt[0][spec], txt[1][spec]),
+                           (txt[0][gen], txt[1][gen]), eps)
+      tests[f'text, {names[levels.index(b)]} in {names[levels.index(a)]}'] = t
+      chain.append(t['h'] > 0)
+    metrics['inclusion_positive/text_hierarchy_chain'] = float(
+        np.logical_and.reduce(chain).mean())
   prob = float(cfg.get('text_mask_prob', 0.0))
   if prob > 0:
     tokens = tok(texts)
