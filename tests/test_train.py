@@ -273,3 +273,18 @@ def test_colour_on_device_plumbing_gives_the_host_run(tmp_path):
           source[0], np.random.default_rng(0))
   assert element['color_order'].shape == (4,)
   assert sorted(element['color_order'].tolist()) == [0, 1, 2, 3]
+
+
+def test_b16_keeps_the_paper_recipe_and_tiny_demos_the_short_run_knobs():
+  # Paper B.1 weights for B/16; the CPU demos' opt-in knobs
+  # (docs/small_scale_uncertainty.md) only in the two tiny ProLIP configs.
+  b16 = load_config('prolip_b16')
+  assert (b16.optim.unc_lr_mult, b16.loss.beta, b16.loss.alpha1,
+          b16.loss.alpha2, b16.model.init_unc_bias) == (1.0, 1e-4, 1e-7,
+                                                        1e-3, -10.0)
+  for name, beta in (('prolip_tiny', 0.1), ('prolip_emoji', 0.3)):
+    c = load_config(name)
+    assert (c.optim.unc_lr_mult, c.loss.beta, c.loss.alpha1) == (10.0, beta,
+                                                                  1e-3), name
+  for name in ('siglip_tiny', 'siglip_emoji', 'pcme_tiny', 'prolip_micro'):
+    assert load_config(name).optim.unc_lr_mult == 1.0, name
