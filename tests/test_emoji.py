@@ -261,9 +261,9 @@ def test_eval_data_and_train_time_heldout():
   assert data.keys == [c.name for c in items]
   assert data.templates == emoji.EVAL_TEMPLATES
   assert data.level_names == emoji.LEVEL_NAMES
-  assert data.hierarchy[0] == (emoji.group_caption(items[0].group),
-                               emoji.subgroup_caption(items[0].subgroup),
-                               emoji.class_name(items[0]))
+  assert tuple(data.captions[0][1:4]) == (
+      emoji.group_caption(items[0].group),
+      emoji.subgroup_caption(items[0].subgroup), emoji.class_name(items[0]))
   config = ml_collections.ConfigDict({'data': {'name': 'emoji'},
                                       'eval': {'batch_size': 128}})
   assert train_time.heldout_info(config) == {'dataset': 'emoji',

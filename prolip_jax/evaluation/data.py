@@ -19,9 +19,7 @@ class EvalData:
   for zero-shot (optional); ``captions[i]``: image i's captions, ordered from
   the most general to the most specific when they form a hierarchy;
   ``level_names`` names those positions; ``label_sets`` for multi-label
-  zero-shot; ``keys`` name the images; ``hierarchy[i]``: image i's captions
-  of the levels above its class, general to specific, ending with its class
-  (emoji: group, subgroup, name).
+  zero-shot; ``keys`` name the images.
   """
   name: str
   images: np.ndarray
@@ -32,7 +30,6 @@ class EvalData:
   captions: Optional[list[list[str]]] = None
   level_names: Optional[Sequence[str]] = None
   label_sets: Optional[list[list[int]]] = None
-  hierarchy: Optional[list[tuple[str, ...]]] = None
 
 
 DIGITS_LEVEL_NAMES = (
@@ -62,8 +59,7 @@ def digits_data(split: str = 'heldout', per_class: int = 0) -> EvalData:
 def emoji_data(split: str = 'heldout', size: int = 64) -> EvalData:
   """The bundled emoji of a split (``emoji.split``), one image per concept:
   zero-shot over the split's names (``emoji.EVAL_TEMPLATES``), the five
-  captions of ``emoji.captions_for`` and the (group, subgroup, name)
-  ``hierarchy`` (caption levels 1-3)."""
+  captions of ``emoji.captions_for`` (levels 1-3: group, subgroup, name)."""
   items = emoji.split(split)
   caps = emoji.captions_for(items)
   return EvalData(
@@ -72,8 +68,7 @@ def emoji_data(split: str = 'heldout', size: int = 64) -> EvalData:
       labels=np.arange(len(items), dtype=np.int32),
       class_names=[emoji.class_name(c) for c in items],
       templates=emoji.EVAL_TEMPLATES, captions=caps,
-      level_names=emoji.LEVEL_NAMES,
-      hierarchy=[tuple(c[1:4]) for c in caps])
+      level_names=emoji.LEVEL_NAMES)
 
 
 def load_data(cfg) -> EvalData:

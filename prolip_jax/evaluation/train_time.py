@@ -120,13 +120,6 @@ def zero_shot_heldout(encoders: Encoders, tokenizer, config, image_size: int
   return zero_shot_eval(encoders, tokenizer, config, image_size, data)
 
 
-def zero_shot_digits(encoders: Encoders, tokenizer, config, image_size: int
-                     ) -> dict[str, float]:
-  """``zero_shot_eval`` on the 1,000 held-out bundled digits."""
-  return zero_shot_eval(encoders, tokenizer, config, image_size,
-                        digits_data('heldout'))
-
-
 def difference_classification_digits(encoders: Encoders, tokenizer, config,
                                      image_size: int, num_pairs: int = 500,
                                      seed: int = 0, split: str = 'heldout'
