@@ -436,9 +436,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
                                        gather(state.params), config)
     size = model_cfg.vision.image_size
     results = train_time.zero_shot_heldout(encoders, tokenizer, config, size)
-    if config.data.name == 'digits':  # the objectives' extras are digits-only
-      results.update(objective.train_eval_metrics(encoders, tokenizer, config,
-                                                  size))
+    results.update(objective.train_eval_metrics(encoders, tokenizer, config,
+                                                size))
     return results
 
   if is_chief:

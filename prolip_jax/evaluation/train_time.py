@@ -11,6 +11,7 @@ objective is scored in the space it trains (UniCLIP through its heads).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import jax
@@ -49,17 +50,23 @@ def digits_eval_images(split: str, image_size: int
                               image_size), labels
 
 
-# data.name -> (the held-out EvalData, the noun naming its images).
+# data.name -> its held-out EvalData.
 HELDOUT = {
-    'digits': (lambda: digits_data('heldout'), 'digits'),
-    'emoji': (lambda: emoji_data('heldout'), 'emoji'),
+    'digits': lambda: digits_data('heldout'),
+    'emoji': lambda: emoji_data('heldout'),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def _heldout(name: str) -> EvalData:
+  # Built once per process: every train-time eval and the summary share it.
+  return HELDOUT[name]()
 
 
 def heldout_data(config) -> Optional[EvalData]:
   """The held-out set of ``config.data.name`` (None for other sources)."""
-  entry = HELDOUT.get(config.data.name)
-  return entry[0]() if entry else None
+  name = config.data.name
+  return _heldout(name) if name in HELDOUT else None
 
 
 def heldout_header(dataset: str, count: int) -> str:
@@ -74,7 +81,7 @@ def heldout_info(config) -> Optional[dict[str, Any]]:
   """``{'dataset', 'images'}`` of the held-out set (for ``format_summary``),
   or None."""
   data = heldout_data(config)
-  return None if data is None else {'dataset': HELDOUT[config.data.name][1],
+  return None if data is None else {'dataset': config.data.name,
                                     'images': len(data.images)}
 
 
