@@ -576,7 +576,7 @@ def test_import_tool_errors_write_nothing(case, tmp_path, import_tool):
 @pytest.mark.slow
 def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch,
                                                   capsys):
-  """The README's copy-paste PyTorch snippet, run verbatim on a fresh export,
+  """The copy-paste PyTorch snippet of docs/interop.md, run verbatim on a fresh export,
   gives the JAX model's embeddings."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
@@ -599,7 +599,7 @@ def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch,
   export_spec.loader.exec_module(export_mod)
   export_mod.export(workdir, str(tmp_path / 'exports' / 'prolip_tiny'))
 
-  readme = open(os.path.join(repo, 'README.md')).read()
+  readme = open(os.path.join(repo, 'docs', 'interop.md')).read()
   snippet = readme.split('Then, in PyTorch')[1].split('```python')[1]
   snippet = snippet.split('```')[0]
   monkeypatch.chdir(tmp_path)
