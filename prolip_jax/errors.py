@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from typing import Iterable, Iterator
+import errno
+import os
+import sys
+import traceback
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 75
@@ -65,3 +69,107 @@ def config_errors() -> Iterator[None]:
     raise
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(str(e)) from e
+
+
+class TokenizerError(UserError, ValueError):
+  """A tokenizer file that cannot be read, or not the one a checkpoint was
+  trained with."""
+
+
+class NonFiniteParamsError(UserError, ValueError):
+  """A model whose parameters hold a NaN or an infinity."""
+
+
+# OS errors that are the user's environment, not our bug, by class (also
+# raised by our own code with a message) and by errno (no own class).
+_USER_OS_CLASSES = (FileNotFoundError, FileExistsError, NotADirectoryError,
+                    IsADirectoryError, PermissionError)
+_USER_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+                          errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES,
+                          errno.EPERM, errno.ENOENT, errno.ENOTDIR,
+                          errno.EISDIR, errno.EEXIST, errno.EXDEV})
+_HINTS = {
+    errno.ENOSPC: 'no space left on the device: free some space (or '
+                  'choose another disk) and run the same command again',
+    errno.EDQUOT: 'disk quota exceeded: free some space and run again',
+    errno.EROFS: 'the file system is read-only: choose a writable path',
+    errno.EACCES: 'permission denied: choose a path you can write, or fix '
+                  'its permissions',
+    errno.EPERM: 'operation not permitted: check the path\'s permissions',
+    errno.ENOTDIR: 'a part of the path is a file, not a directory',
+    errno.EEXIST: 'the path already exists (as a file where a directory is '
+                  'needed?)',
+    errno.EISDIR: 'the path is a directory where a file is needed',
+}
+
+
+def user_error_of(exc: BaseException) -> Optional[BaseException]:
+  """The user's error behind ``exc`` (``exc`` itself, its cause or context,
+  or a member of an exception group): a ``UserError`` or an OS error of the
+  user's environment (missing path, read-only, disk full, permission). None
+  when ``exc`` is a bug."""
+  seen: set[int] = set()
+  todo = [exc]
+  while todo:
+    e = todo.pop(0)
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, UserError):
+      return e
+    if isinstance(e, _USER_OS_CLASSES) or (
+        isinstance(e, OSError) and e.errno in _USER_ERRNOS):
+      return e
+    todo.extend(getattr(e, 'exceptions', ()) or ())  # ExceptionGroup
+    todo.extend([e.__cause__, e.__context__])
+  return None
+
+
+def message(exc: BaseException) -> str:
+  """One line for a user's error: a ``UserError``'s text, or the OS error
+  with the path(s) it names and what to do."""
+  if isinstance(exc, OSError) and exc.errno and exc.strerror:
+    paths = ' -> '.join(str(p) for p in (exc.filename, exc.filename2)
+                        if p is not None)
+    text = f'{exc.strerror}: {paths}' if paths else exc.strerror
+    if exc.errno == errno.EEXIST and exc.filename is not None and (
+        os.path.isfile(exc.filename)):
+      return f'{exc.filename} is a file, not a directory'
+    hint = _HINTS.get(exc.errno)
+    return f'{text} ({hint})' if hint else text
+  text = str(exc) or type(exc).__name__
+  return ' '.join(text.split()) if isinstance(exc, OSError) else text
+
+
+def debug_requested(argv: Optional[Sequence[str]] = None) -> bool:
+  """``--debug`` on the command line or ``PROLIP_DEBUG`` set (not 0)."""
+  argv = sys.argv if argv is None else argv
+  return os.environ.get('PROLIP_DEBUG', '') not in ('', '0') or (
+      '--debug' in argv)
+
+
+def cli_main(fn: Callable[[], Optional[int]],
+             argv: Optional[Sequence[str]] = None) -> int:
+  """Runs a command's body ``fn``; returns its exit status.
+
+  The one error path of every command line (``prolip_jax.main``,
+  ``prolip_jax.evaluate``, ``tools/*.py``): a user's error (``UserError``,
+  or an OS error such as a missing path, read-only file system, disk full,
+  permission denied, found anywhere in the exception's chain) prints one line
+  ``error: ...`` and gives ``EXIT_USER_ERROR``; its traceback only with
+  ``--debug`` / ``PROLIP_DEBUG=1``. Anything else is a bug and propagates
+  with its traceback (exit status 1).
+  """
+  try:
+    status = fn()
+    return status if isinstance(status, int) else 0
+  except (SystemExit, KeyboardInterrupt):
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    found = user_error_of(e)
+    if found is None:
+      raise
+    if debug_requested(argv):
+      traceback.print_exc()
+    print(f'error: {message(found)}', file=sys.stderr, flush=True)
+    return EXIT_USER_ERROR
