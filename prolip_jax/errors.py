@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import errno
+import logging
 import os
+import re
 import sys
 import traceback
 from typing import Callable, Iterable, Iterator, Optional, Sequence
@@ -89,8 +91,8 @@ _USER_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
                           errno.EPERM, errno.ENOENT, errno.ENOTDIR,
                           errno.EISDIR, errno.EEXIST, errno.EXDEV})
 _HINTS = {
-    errno.ENOSPC: 'no space left on the device: free some space (or '
-                  'choose another disk) and run the same command again',
+    errno.ENOSPC: 'free some space or choose another disk, then run the '
+                  'same command again; nothing written before is lost',
     errno.EDQUOT: 'disk quota exceeded: free some space and run again',
     errno.EROFS: 'the file system is read-only: choose a writable path',
     errno.EACCES: 'permission denied: choose a path you can write, or fix '
@@ -101,6 +103,29 @@ _HINTS = {
                   'needed?)',
     errno.EISDIR: 'the path is a directory where a file is needed',
 }
+
+
+# TensorStore (Orbax's storage layer) reports OS errors as the text of a
+# ValueError: '... Failed writing: "PATH": ... [os_error_code='28']'.
+_STORAGE_ERRNO = re.compile(r"os_error_code='?(\d+)")
+_STORAGE_PATH = re.compile(r'(?:Failed writing|Failed reading|local file|'
+                           r'opening)[^"]{0,20}"([^"]+)"')
+_ORBAX_TMP = '.orbax-checkpoint-tmp'
+
+
+def _storage_os_error(exc: BaseException) -> Optional[OSError]:
+  """The OS error a storage-layer message reports, as an ``OSError`` naming
+  the checkpoint being written (not Orbax's temporary file), or None."""
+  text = str(exc)
+  m = _STORAGE_ERRNO.search(text)
+  if not m or int(m.group(1)) not in _USER_ERRNOS:
+    return None
+  code = int(m.group(1))
+  paths = _STORAGE_PATH.findall(text)
+  path = paths[-1] if paths else None
+  if path and _ORBAX_TMP in path:
+    path = path[:path.index(_ORBAX_TMP)]
+  return OSError(code, os.strerror(code), path)
 
 
 def user_error_of(exc: BaseException) -> Optional[BaseException]:
@@ -120,6 +145,9 @@ def user_error_of(exc: BaseException) -> Optional[BaseException]:
     if isinstance(e, _USER_OS_CLASSES) or (
         isinstance(e, OSError) and e.errno in _USER_ERRNOS):
       return e
+    storage = _storage_os_error(e)
+    if storage is not None:
+      return storage
     todo.extend(getattr(e, 'exceptions', ()) or ())  # ExceptionGroup
     todo.extend([e.__cause__, e.__context__])
   return None
@@ -160,6 +188,14 @@ def cli_main(fn: Callable[[], Optional[int]],
   ``--debug`` / ``PROLIP_DEBUG=1``. Anything else is a bug and propagates
   with its traceback (exit status 1).
   """
+  debug = debug_requested(argv)
+  quiet = _QuietUserErrorLogs()
+  # Orbax's threads log a failed background write (absl), and its pending
+  # writes fail again at exit (asyncio): the one line below says it all.
+  noisy = [logging.getLogger(name) for name in ('absl', 'asyncio')]
+  for logger in noisy if not debug else ():
+    logger.addFilter(quiet)
+  reported = False
   try:
     status = fn()
     return status if isinstance(status, int) else 0
@@ -169,7 +205,25 @@ def cli_main(fn: Callable[[], Optional[int]],
     found = user_error_of(e)
     if found is None:
       raise
-    if debug_requested(argv):
+    if debug:
       traceback.print_exc()
+    else:  # ... and while Python shuts down ('Exception ignored in ...')
+      sys.unraisablehook = lambda unraisable: None
     print(f'error: {message(found)}', file=sys.stderr, flush=True)
+    reported = True
     return EXIT_USER_ERROR
+  finally:
+    if not reported:  # kept after an error: the echoes come at exit
+      for logger in noisy:
+        logger.removeFilter(quiet)
+
+
+class _QuietUserErrorLogs(logging.Filter):
+  """Drops log records (Orbax's background threads log a failed write with
+  its traceback, several times) whose exception is a user's error."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None and user_error_of(exc) is not None:
+      return False
+    return _STORAGE_ERRNO.search(str(record.msg)) is None

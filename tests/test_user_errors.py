@@ -598,7 +598,7 @@ def test_disk_full_during_a_checkpoint_write_is_one_line(tmp_path):
     shutil.copytree(wd, small)
     before, _ = checkpoint.load_params(small)
     rc, _, err = _run('-m', 'prolip_jax.main', f'--config={MICRO}',
-                      f'--workdir={small}', '--config.total_steps=6',
+                      f'--workdir={small}', '--config.total_steps=4',
                       '--config.mesh.num_devices=1',
                       '--config.keep_checkpoints=10')
     assert rc == 2, err[-3000:]
