@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import shutil
 import tempfile
@@ -119,8 +120,8 @@ def _exchange(a: str, b: str) -> bool:
         _RENAME_EXCHANGE) == 0:
     return True
   err = ctypes.get_errno()
-  if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not supported here
-    return False
+  if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+    return False  # not supported by this system or file system
   raise OSError(err, os.strerror(err), a, None, b)
 
 

@@ -333,6 +333,21 @@ def test_stale_staging_folder_of_a_killed_export_is_cleaned(
   assert not stale.exists()
 
 
+def test_replace_dir_without_an_atomic_exchange_still_replaces_whole(
+    tmp_path, monkeypatch):
+  from prolip_jax import atomic  # pylint: disable=g-import-not-at-top
+  target = tmp_path / 'out'
+  target.mkdir()
+  (target / 'old.txt').write_text('old')
+  monkeypatch.setattr(atomic, '_exchange', lambda a, b: False)
+  with atomic.staging_dir(str(target)) as tmp:
+    with open(os.path.join(tmp, 'new.txt'), 'w') as f:
+      f.write('new')
+    atomic.replace_dir(tmp, str(target))
+  assert sorted(os.listdir(target)) == ['new.txt']
+  assert sorted(os.listdir(tmp_path)) == ['out']
+
+
 def test_export_refuses_a_folder_that_is_not_an_export(
     tmp_path, tokenizers, export_tool):
   wd = _imported_workdir(tmp_path / 'wd', tokenizers[0])
@@ -562,6 +577,26 @@ def test_evaluate_and_export_of_an_empty_or_missing_workdir_are_one_line(
     line = _one_line(err)
     assert 'Traceback' not in err
     assert str(tmp_path) in line and 'no checkpoints' in line, line
+
+
+@pytest.mark.slow
+def test_tools_report_missing_inputs_in_one_line(tmp_path):
+  missing = tmp_path / 'missing'
+  for args, path in (
+      (['tools/convert_folder.py', f'--images={missing}',
+        f'--captions={missing}.csv', f'--output={tmp_path / "o1"}'],
+       f'{missing}.csv'),
+      (['tools/convert_webdataset.py', f'--input={missing}/{{0..1}}.tar',
+        f'--output={tmp_path / "o2"}', '--workers=1'], str(missing)),
+      (['tools/train_tokenizer.py', f'--input={missing}/*.array_record',
+        f'--output={tmp_path / "t.model"}'], str(missing)),
+      (['tools/import_pytorch.py', f'--src={missing}.safetensors',
+        f'--config={MICRO}', f'--workdir={tmp_path / "wd"}'],
+       f'{missing}.safetensors')):
+    rc, _, err = _run(*args)
+    assert rc == 2, (args, err)
+    assert path in _one_line(err), err
+    assert 'Traceback' not in err
 
 
 @pytest.mark.slow
