@@ -14,7 +14,6 @@ lost (issue 21, items 3, 4, 5 and 7).
   ``load`` of non-finite parameters.
 """
 
-import dataclasses
 import errno
 import functools
 import importlib.util
