@@ -5,7 +5,10 @@ Layout: ``WORKDIR/checkpoints/<step>/`` holds three Orbax items:
 (JSON: the step, the full run config and the model config), so a single
 checkpoint directory is enough to rebuild the model. Objectives with an EMA
 teacher (OTTER) add a fourth item, ``teacher`` (parameters like ``params``).
-The sentencepiece model a run uses is copied to ``WORKDIR/tokenizer.model``.
+The sentencepiece model a run uses is copied to ``WORKDIR/tokenizer.model``;
+each checkpoint's meta records its sha256 and vocabulary size
+(``tokenizer_meta``), and resuming, loading, evaluating or exporting with
+another file is refused (``check_tokenizer``).
 
 Integrity: ``meta`` carries a checksum of every array item, computed on the
 device before the write and checked after every restore, so garbled bytes are
@@ -132,18 +135,57 @@ def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
       meta=ocp.args.JsonSave(meta), **items), force=force)
 
 
+TOKENIZER_SHA256 = 'tokenizer_sha256'
+TOKENIZER_VOCAB = 'tokenizer_vocab_size'
+
+
+def tokenizer_meta(tokenizer: Any) -> dict[str, Any]:
+  """The meta (and export config) entries that tie a model to its tokenizer
+  (a ``data.tokenizer.Tokenizer``): the file's sha256 and vocabulary size."""
+  return {TOKENIZER_SHA256: tokenizer.sha256,
+          TOKENIZER_VOCAB: int(tokenizer.vocab_size)}
+
+
+def check_tokenizer(meta: dict[str, Any], tokenizer_path: str, owner: str,
+                    sha256: Optional[str] = None):
+  """Raises ``errors.TokenizerError`` (one line) when the tokenizer file at
+  ``tokenizer_path`` is not the one ``meta`` (of ``owner``: a checkpoint or
+  export, named in the message) was trained with; a missing file when meta
+  names one is refused too. Meta written before tokenizer hashes existed is
+  not checked. ``sha256``: the file's hash when already computed."""
+  want = meta.get(TOKENIZER_SHA256)
+  if not want:
+    return
+  if not os.path.isfile(tokenizer_path):
+    raise errors.TokenizerError(
+        f'{owner} was trained with the tokenizer of sha256 {want[:16]}... '
+        f'({meta.get(TOKENIZER_VOCAB)} pieces) but {tokenizer_path} is '
+        'missing: put that tokenizer file back there')
+  if sha256 is None:
+    from prolip_jax.data.tokenizer import file_sha256  # pylint: disable=g-import-not-at-top
+    sha256 = file_sha256(tokenizer_path)
+  if sha256 != want:
+    raise errors.TokenizerError(
+        f'tokenizer {tokenizer_path} (sha256 {sha256[:16]}...) is not the one '
+        f'{owner} was trained with (sha256 {want[:16]}..., '
+        f'{meta.get(TOKENIZER_VOCAB)} pieces): put that tokenizer file back '
+        '(token ids would differ), or use a new workdir for a new tokenizer')
+
+
 def write_imported(workdir: str, params: Any, config: dict[str, Any],
-                   model: dict[str, Any], source: str):
+                   model: dict[str, Any], source: str,
+                   tokenizer: Optional[dict[str, Any]] = None):
   """Writes imported weights as step 0 of ``workdir``, without optimizer
   state (training starts AdamW afresh from them; Orbax refuses an empty
   item, so the checkpoint holds only ``params`` and ``meta``).
 
   ``config``/``model``: the run and model configs as dicts; ``source``: where
-  the weights came from (a file, a snapshot, ``hf-hub:...``).
+  the weights came from (a file, a snapshot, ``hf-hub:...``); ``tokenizer``:
+  ``tokenizer_meta`` of the tokenizer imported with them, if any.
   """
   meta = {'step': 0, 'config': config, 'model': model,
           'has_opt_state': False, 'imported_from': source,
-          'checksums': {'params': checksum(params)[0]}}
+          'checksums': {'params': checksum(params)[0]}, **(tokenizer or {})}
   os.makedirs(workdir, exist_ok=True)
   with manager(workdir) as mngr:
     mngr.save(0, args=ocp.args.Composite(

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from typing import Iterable, Iterator
+import errno
+import logging
+import os
+import re
+import sys
+import traceback
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 75
@@ -65,3 +71,159 @@ def config_errors() -> Iterator[None]:
     raise
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(str(e)) from e
+
+
+class TokenizerError(UserError, ValueError):
+  """A tokenizer file that cannot be read, or not the one a checkpoint was
+  trained with."""
+
+
+class NonFiniteParamsError(UserError, ValueError):
+  """A model whose parameters hold a NaN or an infinity."""
+
+
+# OS errors that are the user's environment, not our bug, by class (also
+# raised by our own code with a message) and by errno (no own class).
+_USER_OS_CLASSES = (FileNotFoundError, FileExistsError, NotADirectoryError,
+                    IsADirectoryError, PermissionError)
+_USER_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+                          errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES,
+                          errno.EPERM, errno.ENOENT, errno.ENOTDIR,
+                          errno.EISDIR, errno.EEXIST, errno.EXDEV})
+_HINTS = {
+    errno.ENOSPC: 'free some space or choose another disk, then run the '
+                  'same command again; nothing written before is lost',
+    errno.EDQUOT: 'disk quota exceeded: free some space and run again',
+    errno.EROFS: 'the file system is read-only: choose a writable path',
+    errno.EACCES: 'permission denied: choose a path you can write, or fix '
+                  'its permissions',
+    errno.EPERM: 'operation not permitted: check the path\'s permissions',
+    errno.ENOTDIR: 'a part of the path is a file, not a directory',
+    errno.EEXIST: 'the path already exists (as a file where a directory is '
+                  'needed?)',
+    errno.EISDIR: 'the path is a directory where a file is needed',
+}
+
+
+# TensorStore (Orbax's storage layer) reports OS errors as the text of a
+# ValueError: '... Failed writing: "PATH": ... [os_error_code='28']'.
+_STORAGE_ERRNO = re.compile(r"os_error_code='?(\d+)")
+_STORAGE_PATH = re.compile(r'(?:Failed writing|Failed reading|local file|'
+                           r'opening)[^"]{0,20}"([^"]+)"')
+_ORBAX_TMP = '.orbax-checkpoint-tmp'
+
+
+def _storage_os_error(exc: BaseException) -> Optional[OSError]:
+  """The OS error a storage-layer message reports, as an ``OSError`` naming
+  the checkpoint being written (not Orbax's temporary file), or None."""
+  text = str(exc)
+  m = _STORAGE_ERRNO.search(text)
+  if not m or int(m.group(1)) not in _USER_ERRNOS:
+    return None
+  code = int(m.group(1))
+  paths = _STORAGE_PATH.findall(text)
+  path = paths[-1] if paths else None
+  if path and _ORBAX_TMP in path:
+    path = path[:path.index(_ORBAX_TMP)]
+  return OSError(code, os.strerror(code), path)
+
+
+def user_error_of(exc: BaseException) -> Optional[BaseException]:
+  """The user's error behind ``exc`` (``exc`` itself, its cause or context,
+  or a member of an exception group): a ``UserError`` or an OS error of the
+  user's environment (missing path, read-only, disk full, permission). None
+  when ``exc`` is a bug."""
+  seen: set[int] = set()
+  todo = [exc]
+  while todo:
+    e = todo.pop(0)
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, UserError):
+      return e
+    if isinstance(e, _USER_OS_CLASSES) or (
+        isinstance(e, OSError) and e.errno in _USER_ERRNOS):
+      return e
+    storage = _storage_os_error(e)
+    if storage is not None:
+      return storage
+    todo.extend(getattr(e, 'exceptions', ()) or ())  # ExceptionGroup
+    todo.extend([e.__cause__, e.__context__])
+  return None
+
+
+def message(exc: BaseException) -> str:
+  """One line for a user's error: a ``UserError``'s text, or the OS error
+  with the path(s) it names and what to do."""
+  if isinstance(exc, OSError) and exc.errno and exc.strerror:
+    paths = ' -> '.join(str(p) for p in (exc.filename, exc.filename2)
+                        if p is not None)
+    text = f'{exc.strerror}: {paths}' if paths else exc.strerror
+    if exc.errno == errno.EEXIST and exc.filename is not None and (
+        os.path.isfile(exc.filename)):
+      return f'{exc.filename} is a file, not a directory'
+    hint = _HINTS.get(exc.errno)
+    return f'{text} ({hint})' if hint else text
+  text = str(exc) or type(exc).__name__
+  return ' '.join(text.split()) if isinstance(exc, OSError) else text
+
+
+def debug_requested(argv: Optional[Sequence[str]] = None) -> bool:
+  """``--debug`` on the command line or ``PROLIP_DEBUG`` set (not 0)."""
+  argv = sys.argv if argv is None else argv
+  return os.environ.get('PROLIP_DEBUG', '') not in ('', '0') or (
+      '--debug' in argv)
+
+
+def cli_main(fn: Callable[[], Optional[int]],
+             argv: Optional[Sequence[str]] = None) -> int:
+  """Runs a command's body ``fn``; returns its exit status.
+
+  The one error path of every command line (``prolip_jax.main``,
+  ``prolip_jax.evaluate``, ``tools/*.py``): a user's error (``UserError``,
+  or an OS error such as a missing path, read-only file system, disk full,
+  permission denied, found anywhere in the exception's chain) prints one line
+  ``error: ...`` and gives ``EXIT_USER_ERROR``; its traceback only with
+  ``--debug`` / ``PROLIP_DEBUG=1``. Anything else is a bug and propagates
+  with its traceback (exit status 1).
+  """
+  debug = debug_requested(argv)
+  quiet = _QuietUserErrorLogs()
+  # Orbax's threads log a failed background write (absl), and its pending
+  # writes fail again at exit (asyncio): the one line below says it all.
+  noisy = [logging.getLogger(name) for name in ('absl', 'asyncio')]
+  for logger in noisy if not debug else ():
+    logger.addFilter(quiet)
+  reported = False
+  try:
+    status = fn()
+    return status if isinstance(status, int) else 0
+  except (SystemExit, KeyboardInterrupt):
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    found = user_error_of(e)
+    if found is None:
+      raise
+    if debug:
+      traceback.print_exc()
+    else:  # ... and while Python shuts down ('Exception ignored in ...')
+      sys.unraisablehook = lambda unraisable: None
+    print(f'error: {message(found)}', file=sys.stderr, flush=True)
+    reported = True
+    return EXIT_USER_ERROR
+  finally:
+    if not reported:  # kept after an error: the echoes come at exit
+      for logger in noisy:
+        logger.removeFilter(quiet)
+
+
+class _QuietUserErrorLogs(logging.Filter):
+  """Drops log records (Orbax's background threads log a failed write with
+  its traceback, several times) whose exception is a user's error."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None and user_error_of(exc) is not None:
+      return False
+    return _STORAGE_ERRNO.search(str(record.msg)) is None

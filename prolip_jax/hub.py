@@ -159,6 +159,8 @@ class SnapshotSettings:
   std: tuple[float, ...]
   image_view: str
   release: bool  # the release preset (no project metadata) was applied
+  # sha256 of the snapshot's own tokenizer file, as the export recorded it.
+  tokenizer_sha256: Optional[str] = None
 
   def tokenizer(self):
     """The ``Tokenizer`` these settings describe."""
@@ -286,7 +288,8 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
         keep_eos=bool(project.get('keep_eos', False)),
         mean=tuple(project.get('mean', OPENAI_MEAN)),
         std=tuple(project.get('std', OPENAI_STD)),
-        image_view=project.get('image_view', 'default'), release=False)
+        image_view=project.get('image_view', 'default'), release=False,
+        tokenizer_sha256=project.get('tokenizer_sha256'))
   tc = cfg_json.get('text_cfg') or {}
   pre = cfg_json.get('preprocess_cfg') or {}
   clean = (tc.get('tokenizer_kwargs') or {}).get('clean', RELEASE_CLEAN)

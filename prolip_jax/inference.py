@@ -17,10 +17,12 @@ import jax
 import numpy as np
 
 from prolip_jax import checkpoint
+from prolip_jax import errors
 from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.embedding import as_uint8_image
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
 from prolip_jax.evaluation import metrics
@@ -89,20 +91,43 @@ class LoadedModel:
     self.image_keep_fn = jax.jit(lambda xk: enc_img(norm(xk[0]), xk[1]))
     self.text_fn = jax.jit(enc_txt)
 
-  def encode_image(self, images: Sequence[np.ndarray]
+  def encode_image(self, images: Sequence[Any]
                    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """uint8 HxWx3 images of any size -> (mu ``(n, d)``, logvar or None)."""
-    if len(images) == 0:
-      raise ValueError('encode_image got no images')
-    batch = pipeline.eval_images(list(images), self.config.vision.image_size,
-                                 self.image_view)
+    """Images of any size -> (mu ``(n, d)``, logvar ``(n, d)`` or None).
+
+    Each image is a uint8 ``(h, w, 3)`` or ``(h, w)`` array, a float array
+    with values in [0, 1], a PIL image, a file path or encoded bytes
+    (``embedding.as_uint8_image``, which refuses NaN, out-of-range values,
+    channels-first and empty arrays with a ``ValueError`` naming the image).
+    No images give ``(0, d)`` arrays.
+    """
+    images = [as_uint8_image(x, i) for i, x in enumerate(images)]
+    size = self.config.vision.image_size
+    if not images:
+      return self._empty(self.image_fn,
+                         np.zeros((1, size, size, 3), np.uint8))
+    batch = pipeline.eval_images(images, size, self.image_view)
     return embed_in_batches(self.image_fn, batch, self.batch_size)
 
   def encode_text(self, texts: Sequence[str] | str
                   ) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """Captions -> (mu ``(n, d)``, logvar or None)."""
+    """Captions -> (mu ``(n, d)``, logvar ``(n, d)`` or None); no captions
+    give ``(0, d)`` arrays."""
     tokens = self.tokenizer(texts)
+    if len(tokens) == 0:
+      return self._empty(self.text_fn, np.full(
+          (1, self.tokenizer.context_length), self.tokenizer.pad_id,
+          np.int32))
     return embed_in_batches(self.text_fn, tokens, self.batch_size)
+
+  @staticmethod
+  def _empty(fn, example: np.ndarray
+             ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """``(0, d)`` outputs of ``fn`` with the dtype and width it returns for
+    one ``example`` row (shapes only: nothing is computed)."""
+    mu, logvar = jax.eval_shape(fn, example)
+    zeros = lambda s: np.zeros((0,) + tuple(s.shape[1:]), s.dtype)
+    return zeros(mu), None if logvar is None else zeros(logvar)
 
   def zero_shot_classifier(self, class_names: Sequence[str],
                            templates: Sequence[str]) -> ZeroShotClassifier:
@@ -143,12 +168,17 @@ def load(path: str, step: Optional[int] = None,
   run_cfg = meta.get('config', {})
   data = run_cfg.get('data', {})
   tok_cfg = run_cfg.get('tokenizer', {})
+  tok_path = os.path.join(path, checkpoint.TOKENIZER_FILE)
+  owner = (f'checkpoint step {meta.get("step")} under '
+           f'{checkpoint.checkpoint_dir(path)}')
+  checkpoint.check_tokenizer(meta, tok_path, owner)
   tokenizer = Tokenizer(
-      os.path.join(path, checkpoint.TOKENIZER_FILE),
+      tok_path,
       model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
       mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'],
       clean=tok_cfg.get('clean', 'none'),
       keep_eos=tok_cfg.get('keep_eos', False))
+  require_finite(params, owner)
   return LoadedModel(model_cfg, params, tokenizer,
                      data.get('mean', _DEFAULT_MEAN),
                      data.get('std', _DEFAULT_STD),
@@ -175,6 +205,26 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
   path = hub.resolve(path_or_repo)
   s = hub.snapshot_settings(path, tokenizer)
   model_cfg = ModelConfig.from_config(s.model)
+  if s.tokenizer_sha256 and tokenizer is None:  # the export's own file
+    checkpoint.check_tokenizer(
+        {checkpoint.TOKENIZER_SHA256: s.tokenizer_sha256}, s.tokenizer_path,
+        f'the export {path}')
   params = hub.load_params(path, model_cfg)
+  require_finite(params, f'the snapshot {path}')
   return LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
                      batch_size=batch_size, image_view=s.image_view)
+
+
+def require_finite(params: Any, owner: str):
+  """Raises ``errors.NonFiniteParamsError`` (one line naming the first
+  parameters) when a parameter holds a NaN or an infinity: such a model
+  embeds everything as NaN."""
+  bad = [jax.tree_util.keystr(path) for path, x in
+         jax.tree_util.tree_flatten_with_path(params)[0]
+         if np.issubdtype(np.asarray(x).dtype, np.inexact)
+         and not np.all(np.isfinite(np.asarray(x)))]
+  if bad:
+    raise errors.NonFiniteParamsError(
+        f'{owner} has non-finite parameters (NaN or infinity) in '
+        f'{len(bad)} arrays, e.g. {", ".join(bad[:3])}: it cannot embed '
+        'anything; load an earlier checkpoint or export')

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 from absl import flags
 from absl import logging
@@ -117,9 +116,8 @@ def run(argv: list[str]) -> int:
   if any(a in ('--help', '-h', '--helpfull', '-help') for a in argv[1:]):
     print(_USAGE)
     return 0
-  debug = os.environ.get('PROLIP_DEBUG', '') not in ('', '0') or (
-      '--debug' in argv)
-  try:
+
+  def body():
     config = _parse(argv)
     if flags.FLAGS.print_config:
       print(config_help.describe(config))
@@ -128,12 +126,9 @@ def run(argv: list[str]) -> int:
     _distributed_init()
     from prolip_jax import train  # pylint: disable=g-import-not-at-top
     summary = train.train_and_evaluate(config, flags.FLAGS.workdir)
-  except errors.UserError as e:
-    if debug:
-      traceback.print_exc()
-    print(f'error: {e}', file=sys.stderr)
-    return errors.EXIT_USER_ERROR
-  return errors.EXIT_PREEMPTED if summary.get('preempted') else 0
+    return errors.EXIT_PREEMPTED if summary.get('preempted') else 0
+
+  return errors.cli_main(body, argv)
 
 
 def main():

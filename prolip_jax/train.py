@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import time
 from typing import Any, Callable, Optional
 
@@ -28,6 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import config_drift
 from prolip_jax import errors
@@ -163,18 +163,26 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
 # Set-up helpers
 
 
-def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]]
-                    ) -> Tokenizer:
+def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]],
+                    stored: Optional[tuple[int, dict]] = None) -> Tokenizer:
   """The run's tokenizer, kept at ``WORKDIR/tokenizer.model``.
 
   A configured ``tokenizer.model_path`` is copied there; without one, a
   sentencepiece model is trained on the dataset's captions at first run and
-  reused on every later run (and by ``prolip_jax.load``).
+  reused on every later run (and by ``prolip_jax.load``). ``stored``:
+  ``(step, meta)`` of the checkpoint being resumed; a tokenizer other than
+  the one recorded there (or a missing one) raises ``errors.TokenizerError``
+  before any tokenizer is trained.
   """
   path = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  step, meta = stored if stored is not None else (None, {})
+  owner = f'checkpoint step {step} under {checkpoint.checkpoint_dir(workdir)}'
+  if (meta.get(checkpoint.TOKENIZER_SHA256) and not os.path.exists(path)
+      and not config.tokenizer.model_path):
+    checkpoint.check_tokenizer(meta, path, owner)  # refuses: file missing
   if config.tokenizer.model_path:
     if jax.process_index() == 0 and not os.path.exists(path):
-      shutil.copyfile(config.tokenizer.model_path, path)
+      atomic.copy_file(config.tokenizer.model_path, path)
     src = config.tokenizer.model_path
   else:
     if corpus is None and not os.path.exists(path):
@@ -189,11 +197,22 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]]
     multihost_utils.sync_global_devices('prolip_jax tokenizer')
   pad = config.tokenizer.pad_id
   mask = config.tokenizer.mask_id
-  return Tokenizer(src, config.model.text.context_length,
-                   pad_id=None if pad < 0 else pad,
-                   mask_id=None if mask < 0 else mask,
-                   clean=config.tokenizer.get('clean', 'none'),
-                   keep_eos=config.tokenizer.get('keep_eos', False))
+  tokenizer = Tokenizer(src, config.model.text.context_length,
+                        pad_id=None if pad < 0 else pad,
+                        mask_id=None if mask < 0 else mask,
+                        clean=config.tokenizer.get('clean', 'none'),
+                        keep_eos=config.tokenizer.get('keep_eos', False))
+  checkpoint.check_tokenizer(meta, src, owner, sha256=tokenizer.sha256)
+  return tokenizer
+
+
+def _stored_meta(workdir: str) -> Optional[tuple[int, dict]]:
+  """``(step, meta)`` of the workdir's newest checkpoint whose meta reads,
+  or None (no checkpoints)."""
+  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
+    return None
+  with checkpoint.manager(workdir, read_only=True) as mngr:
+    return _stored_config(mngr)
 
 
 def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
@@ -350,10 +369,12 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
       raise ValueError(f'batch_size {config.batch_size} is not divisible by '
                        f'the {shards} batch shards of mesh '
                        f'{dict(mesh.shape)}')
+    objective.validate_batch(config, shards)  # before any data/tokenizer work
     source, corpus = sources.train_source(config)
     if corpus is not None:
       corpus = objective.extend_corpus(corpus)
-    tokenizer = setup_tokenizer(config, workdir, corpus)
+    tokenizer = setup_tokenizer(config, workdir, corpus,
+                                _stored_meta(workdir))
     model_cfg = model_config_for(config, tokenizer)
     model = ProLIP(model_cfg)
     tx, schedule = make_optimizer(config.optim, config.total_steps)
@@ -409,7 +430,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
 
   writer = progress.MetricWriter(workdir, is_chief)
   meta = {'config': json.loads(config.to_json_best_effort()),
-          'model': model_cfg.to_dict()}
+          'model': model_cfg.to_dict(),
+          **checkpoint.tokenizer_meta(tokenizer)}
   stopper = progress.StopFlag()
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)

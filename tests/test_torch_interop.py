@@ -503,7 +503,7 @@ def test_import_tool_cli(tmp_path):
   with checkpoint.manager(str(workdir), read_only=True) as mngr:
     assert 'opt_state' not in mngr.item_metadata(0)
 
-  # Failure on the command line: exit status 1, a message, nothing written.
+  # Failure on the command line: exit status 2, one line, nothing written.
   bad = tmp_path / 'bad.safetensors'
   bad.write_bytes(src.read_bytes()[:1000])
   proc = subprocess.run(
@@ -512,7 +512,8 @@ def test_import_tool_cli(tmp_path):
        f'--workdir={tmp_path / "wd2"}'],
       capture_output=True, text=True, cwd=ROOT,
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert proc.returncode == 1
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.startswith('error: ') and proc.stderr.count('\n') == 1
   assert 'cannot read safetensors file' in proc.stderr
   assert 'nothing was written' in proc.stderr
   assert not (tmp_path / 'wd2').exists()

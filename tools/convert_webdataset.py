@@ -23,7 +23,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from prolip_jax.data import converters  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from prolip_jax import errors
+from prolip_jax.data import converters
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def main(argv=None) -> dict:
@@ -43,4 +46,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(errors.cli_main(main))

@@ -7,7 +7,11 @@ Writes ``OUT/model.safetensors`` (fp32 state dict, see
 schema plus a ``prolip_jax`` key with the exact model config, tokenizer file,
 normalisation constants and step) and copies ``WORKDIR/tokenizer.model`` when
 present. ``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
-``prolip_jax.load(OUT)`` in JAX.
+``prolip_jax.load(OUT)`` in JAX. The export is built in a folder beside
+``OUT`` and swapped in whole (a re-export replaces ``OUT`` whole; a killed
+export leaves the previous one); ``prolip_jax.json``/config.json record the
+tokenizer's sha256, checked on load. Errors are one line ``error: ...``,
+exit status 2.
 
 ``--hub_compatible`` leaves the ``prolip_jax`` key out of config.json, which
 the release's ``ProLIPHF.from_pretrained`` needs (it passes every top-level
@@ -36,12 +40,14 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
 from prolip_jax import objectives
 from prolip_jax.data.tokenizer import HF_JSON
 from prolip_jax.data.tokenizer import file_kind
+from prolip_jax.data.tokenizer import file_sha256
 from prolip_jax.hub import PROJECT_FILE
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -60,7 +66,7 @@ def export(workdir: str, out: str, step: Optional[int] = None,
   run_cfg = meta.get('config') or {}
   objective = run_cfg.get('objective', 'prolip')
   if not objectives.get(objective).exportable:
-    raise ValueError(
+    raise errors.ConfigError(
         f'a {objective!r} checkpoint scores through parameters the PyTorch '
         f'/ open_clip layout has no place for '
         f'({sorted(set(params) - {"visual", "text", "logit_scale", "logit_bias"})}'
@@ -85,10 +91,17 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     extra['keep_eos'] = True
   tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
   tok_name = checkpoint.TOKENIZER_FILE
+  checkpoint.check_tokenizer(
+      meta, tokenizer, f'checkpoint step {meta.get("step")} under '
+      f'{checkpoint.checkpoint_dir(workdir)}')
   if os.path.exists(tokenizer):
     if file_kind(tokenizer) == HF_JSON:  # a tokenizer.json (fine-tuned release)
       tok_name = HF_JSON
     extra['tokenizer_file'] = tok_name
+    # The export's tokenizer is checked against this on load.
+    extra[checkpoint.TOKENIZER_SHA256] = file_sha256(tokenizer)
+    if meta.get(checkpoint.TOKENIZER_VOCAB):
+      extra[checkpoint.TOKENIZER_VOCAB] = meta[checkpoint.TOKENIZER_VOCAB]
   cfg_json = convert.config_json(model_cfg, extra)
   project = None
   if hub_compatible:
@@ -99,17 +112,35 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     project = cfg_json[convert.PROJECT_KEY]
     cfg_json = convert.hub_config(cfg_json)
 
-  os.makedirs(out, exist_ok=True)
-  save_file(state_dict, os.path.join(out, WEIGHTS_FILE),
-            metadata={'format': 'pt'})
-  with open(os.path.join(out, CONFIG_FILE), 'w') as f:
-    json.dump(cfg_json, f, indent=2)
-  if project is not None:  # beside config.json: the mixin ignores it
-    with open(os.path.join(out, PROJECT_FILE), 'w') as f:
-      json.dump(project, f, indent=2)
-  if os.path.exists(tokenizer):
-    shutil.copyfile(tokenizer, os.path.join(out, tok_name))
+  _check_out(out)
+  # Built beside ``out`` and swapped in whole: a killed export leaves the
+  # previous export (or nothing), never new weights with an old config.
+  with atomic.staging_dir(out) as tmp:
+    save_file(state_dict, os.path.join(tmp, WEIGHTS_FILE),
+              metadata={'format': 'pt'})
+    with open(os.path.join(tmp, CONFIG_FILE), 'w') as f:
+      json.dump(cfg_json, f, indent=2)
+    if project is not None:  # beside config.json: the mixin ignores it
+      with open(os.path.join(tmp, PROJECT_FILE), 'w') as f:
+        json.dump(project, f, indent=2)
+    if os.path.exists(tokenizer):
+      shutil.copyfile(tokenizer, os.path.join(tmp, tok_name))
+    atomic.replace_dir(tmp, out)
   return cfg_json
+
+
+def _check_out(out: str):
+  """Refuses an ``out`` that is a file, or a folder with other contents than
+  an export (re-exporting replaces the folder whole)."""
+  if os.path.lexists(out) and not os.path.isdir(out):
+    raise errors.UserError(f'--out {out} is a file, not a folder')
+  if os.path.isdir(out) and os.listdir(out) and not (
+      os.path.exists(os.path.join(out, CONFIG_FILE))
+      or os.path.exists(os.path.join(out, WEIGHTS_FILE))):
+    raise errors.UserError(
+        f'--out {out} is a non-empty folder that is not an export (no '
+        f'{CONFIG_FILE}); an export replaces its folder whole: choose a new '
+        'or empty folder')
 
 
 def main(argv):
@@ -118,14 +149,13 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments {argv[1:]}')
   logging.set_verbosity(logging.ERROR)
   f = flags.FLAGS
-  try:
+
+  def body():
     export(f.workdir, f.out, f.step, f.hub_compatible)
-  except (ValueError, FileNotFoundError, errors.UserError) as e:
-    # the user's checkpoint or flags, not our bug
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
-  print(f'exported {f.workdir} to {f.out}: '
-        f'{", ".join(sorted(os.listdir(f.out)))}')
+    print(f'exported {f.workdir} to {f.out}: '
+          f'{", ".join(sorted(os.listdir(f.out)))}')
+
+  return errors.cli_main(body)
 
 
 def _define_flags():

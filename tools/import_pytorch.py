@@ -20,7 +20,10 @@ mngr.item_metadata(step)``, or ``meta['has_opt_state'] is False``).
 
 Nothing is written when reading or converting fails (missing, unexpected or
 mis-shaped tensors are all listed in one error) or when ``DIR`` already has
-checkpoints.
+checkpoints. The checkpoint and tokenizer are built beside ``DIR`` and moved
+in together (``checkpoints/`` last), so a killed import leaves nothing a
+re-import refuses; the checkpoint's meta records the tokenizer's sha256.
+User errors are one line ``error: ...``, exit status 2.
 """
 
 from __future__ import annotations
@@ -39,14 +42,17 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import convert
+from prolip_jax import errors
+from prolip_jax.data.tokenizer import Tokenizer
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TORCH_SUFFIXES = ('.bin', '.pt', '.pth')
 
 
-class ImportFailed(ValueError):
+class ImportFailed(errors.UserError, ValueError):
   """A user-facing import failure (bad file, wrong architecture, ...)."""
 
 
@@ -98,11 +104,19 @@ def import_weights(src: str, config, workdir: str,
     model_cfg = ModelConfig.from_config(config.model)
   except (ValueError, TypeError) as e:
     raise ImportFailed(f'invalid config.model: {e}') from e
+  workdir = os.path.abspath(workdir)
+  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+    raise ImportFailed(f'--workdir {workdir} is a file, not a folder')
   if checkpoint.latest_step(workdir) is not None:
     raise ImportFailed(f'{checkpoint.checkpoint_dir(workdir)} already has '
                        'checkpoints; import into an empty workdir')
-  if tokenizer and not os.path.isfile(tokenizer):
-    raise ImportFailed(f'no such tokenizer file: {tokenizer}')
+  tok_meta = None
+  if tokenizer:
+    if not os.path.isfile(tokenizer):
+      raise ImportFailed(f'no such tokenizer file: {tokenizer}')
+    # Explicit ids: only the file's readability and identity matter here.
+    tok_meta = checkpoint.tokenizer_meta(
+        Tokenizer(tokenizer, 1, pad_id=0, mask_id=0))
   state_dict = read_state_dict(src)
   try:
     params, report = convert.state_dict_to_params(
@@ -110,12 +124,34 @@ def import_weights(src: str, config, workdir: str,
   except ValueError as e:
     raise ImportFailed(f'{src}: {e}') from e
 
-  checkpoint.write_imported(workdir, params,
-                            json.loads(config.to_json_best_effort()),
-                            model_cfg.to_dict(), os.path.abspath(src))
-  if tokenizer:
-    shutil.copyfile(tokenizer, os.path.join(workdir, checkpoint.TOKENIZER_FILE))
+  # Built beside the workdir and moved in last, so a killed import leaves
+  # nothing half written (the checkpoint's meta names its tokenizer).
+  with atomic.staging_dir(workdir) as tmp:
+    checkpoint.write_imported(tmp, params,
+                              json.loads(config.to_json_best_effort()),
+                              model_cfg.to_dict(), os.path.abspath(src),
+                              tokenizer=tok_meta)
+    if tokenizer:
+      shutil.copyfile(tokenizer, os.path.join(tmp, checkpoint.TOKENIZER_FILE))
+    _move_into(tmp, workdir)
   return report
+
+
+def _move_into(staged: str, workdir: str):
+  """Moves a staged import (``checkpoints/``, ``tokenizer.model``) into
+  ``workdir``: the whole folder in one rename when ``workdir`` is new or
+  empty; else the tokenizer first and ``checkpoints/`` last (one rename), so
+  a workdir with checkpoints always has their tokenizer, and a re-import
+  after a kill in between finds no checkpoints and proceeds."""
+  if not os.path.isdir(workdir) or not os.listdir(workdir):
+    atomic.replace_dir(staged, workdir)
+    return
+  atomic.fix_modes(staged)
+  tok = os.path.join(staged, checkpoint.TOKENIZER_FILE)
+  if os.path.exists(tok):
+    os.replace(tok, os.path.join(workdir, checkpoint.TOKENIZER_FILE))
+  os.replace(os.path.join(staged, checkpoint.CHECKPOINT_DIR),
+             checkpoint.checkpoint_dir(workdir))
 
 
 def main(argv):
@@ -125,15 +161,18 @@ def main(argv):
   logging.set_verbosity(logging.ERROR)
   f = flags.FLAGS
   config = f.config
-  try:
-    report = import_weights(f.src, config, f.workdir, f.tokenizer,
-                            config.get('seed', 0))
-  except ImportFailed as e:
-    print(f'error: {e}\nnothing was written.', file=sys.stderr)
-    sys.exit(1)
-  print(report.format())
-  print(f'wrote step 0 to {checkpoint.checkpoint_dir(f.workdir)} '
-        '(params and meta; no optimizer state)')
+
+  def body():
+    try:
+      report = import_weights(f.src, config, f.workdir, f.tokenizer,
+                              config.get('seed', 0))
+    except ImportFailed as e:
+      raise ImportFailed(f'{e}; nothing was written') from e
+    print(report.format())
+    print(f'wrote step 0 to {checkpoint.checkpoint_dir(f.workdir)} '
+          '(params and meta; no optimizer state)')
+
+  return errors.cli_main(body)
 
 
 def _define_flags():

@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from prolip_jax import errors
 from prolip_jax.data import records
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
@@ -60,7 +61,7 @@ def main(argv=None) -> str:
   source = _ShardCaptions(args.input)
   corpus = records.caption_corpus(source, args.max_sentences)
   if not corpus:
-    raise SystemExit(f'no captions found in {args.input}')
+    raise errors.UserError(f'no captions found in {args.input}')
   print(f'{len(corpus)} captions from {len(source)} records in '
         f'{len(source.paths)} shards ({time.time() - t0:.1f}s); training...',
         flush=True)
@@ -73,4 +74,4 @@ def main(argv=None) -> str:
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(errors.cli_main(main))

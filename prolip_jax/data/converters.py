@@ -28,11 +28,12 @@ import os
 import tarfile
 from typing import Iterator, Optional, Sequence
 
+from prolip_jax import errors as user_errors
 from prolip_jax.data import records
 
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 IMAGE_EXTS = ('jpg', 'jpeg', 'png', 'webp')
-SUMMARY_FILE = 'summary.json'
+SUMMARY_FILE = records.SUMMARY_FILE
 _EXAMPLES_PER_REASON = 5
 
 
@@ -368,7 +369,8 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
   file). Skips are counted per record. Shards hold ``shard_size`` records.
   """
   if shard_size <= 0:
-    raise ValueError('shard_size must be positive')
+    raise user_errors.ConfigError(
+        f'shard_size must be positive, not {shard_size}')
   os.makedirs(output_dir, exist_ok=True)
   counts = _Counts()
   shards: dict[str, dict] = {}

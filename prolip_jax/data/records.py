@@ -39,6 +39,7 @@ import io
 import json
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -54,6 +55,7 @@ from prolip_jax import errors
 
 SUFFIX = '.array_record'
 DONE_SUFFIX = '.done'
+SUMMARY_FILE = 'summary.json'  # written by a converter when it finishes
 # group_size:1 makes every record its own chunk: O(1) random reads, no
 # decompression of neighbours; JPEG bytes do not compress, so none is tried.
 WRITER_OPTIONS = 'group_size:1,uncompressed'
@@ -185,6 +187,36 @@ def write_done_marker(path: str, summary: dict):
   os.replace(tmp, path + DONE_SUFFIX)
 
 
+def incomplete_conversions(paths: Sequence[str]) -> list[str]:
+  """One line for each folder of ``paths`` that a converter started but did
+  not finish: it has shard markers (``.done``) or a half-written shard
+  (``.tmp``) but no final ``summary.json``, or shards without a marker."""
+  out = []
+  for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
+    try:
+      names = set(os.listdir(folder))
+    except OSError:
+      continue
+    shards = {n for n in names if n.endswith(SUFFIX)}
+    done = {n[:-len(DONE_SUFFIX)] for n in names if n.endswith(DONE_SUFFIX)}
+    partial = [n for n in names if n.endswith(SUFFIX + '.tmp')]
+    if not (done or partial):
+      continue  # not written by our converters: nothing to judge by
+    unmarked = sorted(shards - done)
+    if SUMMARY_FILE in names and not unmarked and not partial:
+      continue
+    what = [f'no {SUMMARY_FILE}'] if SUMMARY_FILE not in names else []
+    if unmarked:
+      what.append(f'{len(unmarked)} shards without a {DONE_SUFFIX} marker '
+                  f'(e.g. {unmarked[0]})')
+    if partial:
+      what.append(f'{len(partial)} half-written shards')
+    out.append(f'the conversion in {folder} did not finish '
+               f'({"; ".join(what)}): re-run the converter with the same '
+               'arguments to complete it')
+  return out
+
+
 def read_done_marker(path: str) -> Optional[dict]:
   """The summary stored by a finished conversion of ``path``, else None."""
   marker = path + DONE_SUFFIX
@@ -293,6 +325,8 @@ class ArrayRecordSource:
   def __init__(self, paths_or_glob: str | Sequence[str], parse: bool = True):
     import grain  # pylint: disable=g-import-not-at-top
     paths = expand_paths(paths_or_glob)
+    for line in incomplete_conversions(paths):
+      print(f'warning: {line}', file=sys.stderr, flush=True)
     with concurrent.futures.ThreadPoolExecutor(min(16, len(paths))) as pool:
       counts = list(pool.map(num_records, paths))
     keep = [(p, n) for p, n in zip(paths, counts) if n > 0]

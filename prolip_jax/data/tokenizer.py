@@ -22,6 +22,7 @@ does not define come from the config.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -30,6 +31,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from prolip_jax import errors
 from prolip_jax.data import text_clean
 
 MASK_PIECE = '[MASK]'
@@ -44,6 +46,16 @@ def file_kind(path: str) -> str:
   with open(path, 'rb') as f:
     head = f.read(64).lstrip()
   return HF_JSON if head.startswith(b'{') else SENTENCEPIECE
+
+
+def file_sha256(path: str) -> str:
+  """Hex sha256 of a file's bytes: the identity of a tokenizer, stored in
+  checkpoints and exports so that a model is never run with another one."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
 
 
 def _token_str(value: Any) -> Optional[str]:
@@ -98,12 +110,20 @@ class Tokenizer:
                keep_eos: bool = False):
     if not os.path.exists(model_path):
       raise FileNotFoundError(f'tokenizer file not found: {model_path}')
+    if os.path.isdir(model_path):
+      raise errors.TokenizerError(f'tokenizer file {model_path} is a '
+                                  'directory')
+    if os.path.getsize(model_path) == 0:
+      raise errors.TokenizerError(
+          f'tokenizer file {model_path} is empty (an interrupted copy?): put '
+          'the sentencepiece .model or tokenizer.json back')
     self.model_path = model_path
     self.context_length = context_length
     self.clean = clean
     self.clean_fn = text_clean.get_clean_fn(clean)
     self.keep_eos = keep_eos
     self.kind = file_kind(model_path)
+    self.sha256 = file_sha256(model_path)
     if self.kind == HF_JSON:
       self._init_hf(pad_id, mask_id)
     else:
@@ -111,7 +131,17 @@ class Tokenizer:
 
   def _init_sp(self, pad_id, mask_id, add_eos):
     model_path = self.model_path
-    self.sp = spm.SentencePieceProcessor(model_file=model_path)
+    try:
+      self.sp = spm.SentencePieceProcessor(model_file=model_path)
+      if self.sp.get_piece_size() <= 0:
+        raise ValueError('no pieces')
+    except Exception as e:  # pylint: disable=broad-except
+      # sentencepiece says only 'could not parse ModelProto' (or 'unk is not
+      # defined'), without the file.
+      raise errors.TokenizerError(
+          f'tokenizer file {model_path} is not a readable sentencepiece model '
+          f'or tokenizer.json ({" ".join(str(e).split())[:120]}): replace it '
+          'with the right file') from e
     sp_pad = self.sp.pad_id()
     self.pad_id = pad_id if pad_id is not None else sp_pad
     if self.pad_id is None or self.pad_id < 0:
@@ -132,7 +162,10 @@ class Tokenizer:
     try:
       self.hf = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f'cannot read {path} as a tokenizer.json: {e}') from e
+      raise errors.TokenizerError(
+          f'tokenizer file {path} is not a readable tokenizer.json '
+          f'({" ".join(str(e).split())[:120]}): replace it with the right '
+          'file') from e
     special = hf_special_tokens(path)
     to_id = self.hf.token_to_id
     if pad_id is None:

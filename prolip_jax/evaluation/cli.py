@@ -18,6 +18,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from prolip_jax import errors
 from prolip_jax.evaluation import runner
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -42,7 +43,8 @@ def main():
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments {argv[1:]}')
     logging.set_verbosity(logging.ERROR)
-    runner.run(flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.out,
-               flags.FLAGS.step, log=lambda s: print(s, flush=True))
+    return errors.cli_main(lambda: runner.run(
+        flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.out,
+        flags.FLAGS.step, log=lambda s: print(s, flush=True)))
 
   app.run(run_main)

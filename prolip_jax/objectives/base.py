@@ -98,6 +98,12 @@ class Objective:
       raise ValueError(f'data.num_views={config.data.num_views} but objective '
                        f'{self.name!r} takes one view per image')
 
+  def validate_batch(self, config, batch_shards: int) -> None:
+    """Raises ``ValueError`` for a ``config.batch_size`` this objective
+    cannot split over ``batch_shards`` devices (checked before any data or
+    tokenizer work; default: any size)."""
+    del config, batch_shards
+
   def extend_corpus(self, corpus: Callable[[], list]) -> Callable[[], list]:
     """The tokenizer-training corpus for this objective (default: as is)."""
     return corpus

@@ -73,15 +73,23 @@ class ProLIPObjective(Objective):
     return lambda *a: blockwise.prolip_loss_blockwise(
         *a, axis_name=axis_name, **kwargs)
 
+  def validate_batch(self, config, batch_shards: int) -> None:
+    stride = masking_stride(config.masking.fraction)
+    local_batch = config.batch_size // batch_shards
+    if stride and local_batch % stride:
+      raise ValueError(
+          f'batch_size {config.batch_size} gives a per-device batch of '
+          f'{local_batch} ({batch_shards} batch shards), which must be a '
+          f'multiple of 1/masking.fraction = {stride} (the masked copies '
+          f'take every {stride}th sample): choose batch_size a multiple of '
+          f'{stride * batch_shards}')
+
   def make_aux_fn(self, model, config, mesh, mask_id: int):
     stride = masking_stride(config.masking.fraction)
     if not stride:
       return None
     shards = shd.num_batch_shards(mesh)
-    local_batch = config.batch_size // shards
-    if local_batch % stride:
-      raise ValueError(f'the per-device batch {local_batch} must be a multiple '
-                       f'of 1/masking.fraction = {stride}')
+    self.validate_batch(config, shards)
     model_cfg = model.config
     reorder = functools.partial(strided_rows_first, shards=shards,
                                 stride=stride)
