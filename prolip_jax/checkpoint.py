@@ -237,6 +237,10 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
   if abstract_teacher is not None and meta.get('has_teacher', False):
     targets['teacher'] = abstract_teacher
   saved = mngr.item_metadata(step)
+  for name in targets:
+    if saved[name] is None or not jax.tree.leaves(saved[name]):
+      # No array listed at all is a damaged checkpoint, not another config.
+      raise ValueError(f'the metadata of item {name!r} lists no arrays')
   differences = [line for name, target in targets.items()
                  for line in tree_differences(saved[name], target, name)]
   if differences:
