@@ -16,6 +16,12 @@ caught even where the storage layer reads them without complaint. A
 checkpoint with non-finite parameters is never written. ``restore_newest``
 and ``load_params`` fall back from an unreadable step to the newest one that
 restores, saying so in one line.
+
+Unreadable means unreadable on the checkpoint's own terms: before restoring,
+the arrays the checkpoint's metadata lists (tree paths, shapes, dtypes) are
+compared with what the current config expects. A difference is not damage
+but another config (``TreeMismatchError``): nothing is restored, moved or
+set aside, and the caller names the settings that differ.
 """
 
 from __future__ import annotations
@@ -41,6 +47,25 @@ ARRAY_ITEMS = ('params', 'opt_state', 'teacher')
 
 class ChecksumError(ValueError):
   """A restored item's bytes differ from what was saved."""
+
+
+class TreeMismatchError(ValueError):
+  """A checkpoint's arrays (as its own metadata lists them) do not fit the
+  requested targets: the current config expects another parameter or
+  optimizer-state tree. The checkpoint is not damaged.
+
+  ``step``, ``path``, ``meta`` (the checkpoint's meta item) and
+  ``differences`` (one line per differing array) say where and what.
+  """
+
+  def __init__(self, step: int, path: str, meta: dict[str, Any],
+               differences: list[str]):
+    self.step, self.path, self.meta = step, path, meta
+    self.differences = differences
+    shown = '; '.join(differences[:4]) + (
+        f'; and {len(differences) - 4} more' if len(differences) > 4 else '')
+    super().__init__(f'checkpoint step {step} at {path} does not fit the '
+                     f'current config: {shown}')
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -194,6 +219,43 @@ def write_imported(workdir: str, params: Any, config: dict[str, Any],
     mngr.wait_until_finished()
 
 
+def _path_text(path) -> str:
+  # Orbax stores namedtuples (optax states) as dicts/lists: compare paths by
+  # their names and indices whatever the node types.
+  parts = []
+  for k in path:
+    for attr in ('key', 'name', 'idx'):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return '.'.join(parts)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {_path_text(p): (tuple(x.shape), str(jnp.dtype(x.dtype)))
+          for p, x in leaves}
+
+
+def tree_differences(saved: Any, target: Any, item: str) -> list[str]:
+  """Lines naming every array of ``item`` whose path, shape or dtype differs
+  between the checkpoint's metadata ``saved`` and the abstract ``target``."""
+  a, b = _shapes(saved), _shapes(target)
+  out = []
+  for path in sorted(set(a) | set(b)):
+    name = f'{item}.{path}' if path else item
+    if path not in b:
+      out.append(f'{name} {a[path][0]} is only in the checkpoint')
+    elif path not in a:
+      out.append(f'{name} {b[path][0]} is only in the current config')
+    elif a[path] != b[path]:
+      out.append(f'{name}: saved {a[path][0]} {a[path][1]}, the current '
+                 f'config has {b[path][0]} {b[path][1]}')
+  return out
+
+
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
             abstract_opt_state: Any, abstract_teacher: Optional[Any] = None
             ) -> tuple[Any, Optional[Any], Optional[Any], dict[str, Any]]:
@@ -205,13 +267,28 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
   as None and the caller initialises them: the optimizer state of weights
   written by ``tools/import_pytorch.py``, and the EMA teacher (asked for with
   ``abstract_teacher``) of a checkpoint from an objective without one.
+
+  Raises ``TreeMismatchError`` (before reading any array) when the
+  checkpoint's metadata lists other arrays than the targets; any other
+  failure means the checkpoint itself is damaged.
   """
   meta = read_meta(mngr, step)
-  items = {'params': ocp.args.StandardRestore(abstract_params)}
+  targets = {'params': abstract_params}
   if meta.get('has_opt_state', True):
-    items['opt_state'] = ocp.args.StandardRestore(abstract_opt_state)
+    targets['opt_state'] = abstract_opt_state
   if abstract_teacher is not None and meta.get('has_teacher', False):
-    items['teacher'] = ocp.args.StandardRestore(abstract_teacher)
+    targets['teacher'] = abstract_teacher
+  saved = mngr.item_metadata(step)
+  for name in targets:
+    if saved[name] is None or not jax.tree.leaves(saved[name]):
+      # No array listed at all is a damaged checkpoint, not another config.
+      raise ValueError(f'the metadata of item {name!r} lists no arrays')
+  differences = [line for name, target in targets.items()
+                 for line in tree_differences(saved[name], target, name)]
+  if differences:
+    raise TreeMismatchError(step, os.path.join(str(mngr.directory),
+                                               str(step)), meta, differences)
+  items = {k: ocp.args.StandardRestore(v) for k, v in targets.items()}
   out = mngr.restore(step, args=ocp.args.Composite(**items))
   verify({k: out.get(k) for k in ARRAY_ITEMS}, meta)
   return (out['params'], out.get('opt_state'), out.get('teacher'), meta)
@@ -266,7 +343,8 @@ def _newest_readable(mngr: ocp.CheckpointManager, read: Callable[[int], Any],
 
   Each unreadable step is reported in one line on stderr (step, path,
   reason) and handed to ``on_unreadable(step)``; raises ``CheckpointError``
-  when no step reads.
+  when no step reads. A ``TreeMismatchError`` (the step is healthy but does
+  not fit the caller's targets) stops the search untouched.
   """
   _quiet_failed_read_echoes()
   steps = sorted(mngr.all_steps(), reverse=True)
@@ -274,6 +352,8 @@ def _newest_readable(mngr: ocp.CheckpointManager, read: Callable[[int], Any],
   for i, step in enumerate(steps):
     try:
       return step, read(step)
+    except TreeMismatchError:
+      raise  # a healthy checkpoint of another config: not ours to set aside
     except Exception as e:  # pylint: disable=broad-except
       # Any failure to read one step (truncated file, bad checksum, missing
       # item) sends us to the previous step; the message says why.
@@ -300,7 +380,8 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_params: Any,
 
   ``set_aside``: move each unreadable step to ``WORKDIR/checkpoints_
   unreadable/<step>`` (nothing is deleted), so that training can write that
-  step again.
+  step again. A step that reads but does not fit the targets raises
+  ``TreeMismatchError`` and nothing is moved.
   """
   if not mngr.all_steps():
     return None

@@ -1,11 +1,14 @@
 """Config drift on resume: what a run may change and what it may not.
 
 Resuming a workdir with a config that differs from the one stored in its
-checkpoint: changes that alter the parameters' shapes or the data stream
-(``FIXED``: the model, tokenizer, batch size, data source, seed, objective,
-masking) would silently train a different run, so they stop the run with
-every differing key listed; other changes (learning rate, total steps,
-logging, evaluation, mesh) are printed and applied.
+checkpoint: a change of a key declared ``fixed`` in ``config_keys.KEYS``
+(it changes the parameter tree, the optimizer-state tree, the data order or
+the tokenizer, or the model the checkpoint holds) would train a different
+run or fail to restore, so the run stops with every such key listed and
+nothing touched; other changes (learning rate, total steps, logging,
+evaluation, mesh) are printed and applied. A key absent from either config
+counts as its declared default, so a key added to ``KEYS`` after a run was
+stored is not a change.
 """
 
 from __future__ import annotations
@@ -13,17 +16,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from prolip_jax import config_help
+from prolip_jax import config_keys
 from prolip_jax import errors
 
-# Prefixes of the keys that may not change on resume.
-FIXED = ('model.', 'tokenizer.', 'batch_size', 'seed', 'objective', 'masking.',
-         'data.name', 'data.path', 'data.tfds_', 'data.num_views',
-         'data.split', 'data.render_size',
-         'data.crop_scale', 'data.jitter', 'data.jitter_prob',
-         'data.grayscale_prob', 'data.color_on_device', 'data.mean',
-         'data.std', 'uniclip.',
-         # Adds a parameter group, so the optimizer state changes structure.
-         'optim.unc_lr_mult')
 _ABSENT = '<absent>'
 
 
@@ -34,6 +29,13 @@ def _norm(value: Any) -> Any:
   return value
 
 
+def _value(flat: Mapping[str, Any], key: str) -> Any:
+  if key in flat:
+    return flat[key]
+  found = config_keys.KEYS.get(key)
+  return found.default if found else _ABSENT
+
+
 def diff(stored: Mapping[str, Any], requested: Any
          ) -> dict[str, tuple[Any, Any]]:
   """``{key: (stored, requested)}`` for every key whose value differs."""
@@ -41,26 +43,33 @@ def diff(stored: Mapping[str, Any], requested: Any
   new = config_help.flatten(requested)
   out = {}
   for key in sorted(set(old) | set(new)):
-    a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+    a, b = _value(old, key), _value(new, key)
     if _norm(a) != _norm(b):
       out[key] = (a, b)
   return out
 
 
 def is_fixed(key: str) -> bool:
-  return any(key == p.rstrip('.') or key.startswith(p) for p in FIXED)
+  """Whether ``key`` may not change on resume (``config_keys.KEYS``)."""
+  return bool(config_keys.fixed_reason(key))
+
+
+def describe_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+  """``key: old -> new (why it is fixed), ...``."""
+  return ', '.join(
+      f'{k}: {a!r} -> {b!r}'
+      + (f' ({config_keys.fixed_reason(k)})' if is_fixed(k) else '')
+      for k, (a, b) in changes.items())
 
 
 def check(stored: Mapping[str, Any], requested: Any, step: int) -> list[str]:
   """Raises ``ConfigDriftError`` listing fixed keys that differ; returns
   lines ``key: old -> new`` for the changes that will be applied."""
   changes = diff(stored, requested)
-  fixed = [k for k in changes if is_fixed(k)]
+  fixed = {k: v for k, v in changes.items() if is_fixed(k)}
   if fixed:
-    listed = ', '.join(f'{k}: {changes[k][0]!r} -> {changes[k][1]!r}'
-                       for k in fixed)
     raise errors.ConfigDriftError(
         f'the workdir holds a run at step {step} with other settings that '
-        f'change the model or the data ({listed}); use the same settings '
-        'or a new --workdir')
+        f'may not change on resume ({describe_changes(fixed)}); nothing was '
+        'changed: resume with the stored settings or start a new --workdir')
   return [f'{k}: {a!r} -> {b!r}' for k, (a, b) in changes.items()]

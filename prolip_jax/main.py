@@ -35,6 +35,9 @@ Flags:
                            workdirs/prolip_tiny); re-running resumes
   --print_config           print every config key, its value and meaning
   --debug                  tracebacks for user errors too
+  --allow_fresh_start      train from step 0 although checkpoints/ is empty
+                           and checkpoints_unreadable/ holds steps an
+                           earlier run set aside (refused otherwise)
   --coordinator_address=HOST:PORT --num_processes=N --process_id=I
                            multi-host runs without auto-detection
 """
@@ -59,6 +62,9 @@ def _define_flags(argv: list[str]):
                     'value and meaning, then exit.')
   flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too '
                     '(also PROLIP_DEBUG=1).')
+  flags.DEFINE_bool('allow_fresh_start', False, 'Train from step 0 although '
+                    'checkpoints_unreadable/ holds steps set aside by an '
+                    'earlier run (refused otherwise).')
 
 
 def _config_path(argv: list[str]) -> str:
@@ -125,7 +131,9 @@ def run(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)
     _distributed_init()
     from prolip_jax import train  # pylint: disable=g-import-not-at-top
-    summary = train.train_and_evaluate(config, flags.FLAGS.workdir)
+    summary = train.train_and_evaluate(
+        config, flags.FLAGS.workdir,
+        allow_fresh_start=flags.FLAGS.allow_fresh_start)
     return errors.EXIT_PREEMPTED if summary.get('preempted') else 0
 
   return errors.cli_main(body, argv)

@@ -12,6 +12,8 @@ import os
 
 import ml_collections
 
+from prolip_jax import config_keys
+
 _VISION = {
     # name: (image_size, patch, width, layers, heads)
     'tiny': (32, 8, 128, 4, 4),
@@ -30,106 +32,28 @@ _EMBED = {'tiny': 64, 'B/32': 768, 'B/16': 768, 'L/16': 1024}
 
 
 def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
-  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``, ``L/16``)."""
+  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``, ``L/16``):
+  the declared ``model.*`` defaults (``config_keys.KEYS``) with the preset's
+  sizes."""
   if name not in _VISION:
     raise ValueError(f'unknown model preset {name!r}; have {sorted(_VISION)}')
   size, patch, vw, vl, vh = _VISION[name]
   tw, tl, th, ctx, vocab = _TEXT[name]
-  return ml_collections.ConfigDict({
-      'embed_dim': _EMBED[name],
-      'vision': {'image_size': size, 'patch_size': patch, 'width': vw,
-                 'layers': vl, 'heads': vh, 'mlp_ratio': 4.0, 'act': 'gelu',
-                 'ln_eps': 1e-5},
-      'text': {'vocab_size': vocab, 'context_length': ctx, 'width': tw,
-               'layers': tl, 'heads': th, 'mlp_ratio': 4.0, 'act': 'gelu',
-               'ln_eps': 1e-6, 'pad_id': 0, 'proj_bias': True, 'pool': 'cls',
-               'causal': False},
-      'use_unc': use_unc,
-      'release_compat': False,
-      'init_logit_scale': 10.0,
-      'init_logit_bias': -10.0,
-      'init_unc_bias': -10.0,
-      'compute_dtype': 'float32',
-      'remat': False,
-  })
+  c = config_keys.nested({k[len('model.'):]: v for k, v in
+                          config_keys.defaults('model.').items()})
+  c.embed_dim = _EMBED[name]
+  c.vision.update(image_size=size, patch_size=patch, width=vw, layers=vl,
+                  heads=vh)
+  c.text.update(vocab_size=vocab, context_length=ctx, width=tw, layers=tl,
+                heads=th)
+  c.use_unc = use_unc
+  return c
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Run settings shared by every config; each config file overrides some."""
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.objective = 'prolip'  # see objectives.OBJECTIVES
-  c.model = model_preset('tiny')
-  c.batch_size = 128  # global, over all devices and hosts
-  c.total_steps = 1000
-  c.loss = ml_collections.ConfigDict({
-      'alpha1': 1e-7, 'alpha2': 1e-3, 'beta': 1e-4, 'c': 1000.0, 'eps': -20.0,
-      'vib_release_quirk': False, 'guard': True,
-      # OTTER (objective 'otter'): paper section 4 / Algorithm 1 settings.
-      'otter': {'alpha': 0.5, 'lam': 0.15, 'n_iter': 5, 'gamma_v': 1.0,
-                'gamma_t': 1.0, 'eta': 100.0, 'ema_decay': 0.999}})
-  c.masking = ml_collections.ConfigDict({
-      'fraction': 0.125,  # samples of the batch that get a masked copy
-      'image_keep_ratio': 0.25,  # paper: 75% of patch tokens dropped
-      'text_mask_prob': 0.75})
-  c.optim = ml_collections.ConfigDict({
-      'lr': 5e-4, 'b1': 0.9, 'b2': 0.95, 'eps': 1e-6, 'weight_decay': 0.2,
-      'warmup_steps': 100, 'end_lr_ratio': 0.0, 'grad_clip': 0.0,
-      'max_logit_scale': 100.0,
-      # Learning-rate multiplier of the [UNC] tokens and uncertainty heads
-      # (train.UNCERTAINTY_PARAMS); 1 is the paper's recipe.
-      'unc_lr_mult': 1.0})
-  c.data = ml_collections.ConfigDict({
-      'name': 'digits',
-      # Bundled sources (digits, emoji): 'train', or 'fit' + 'val' (a
-      # validation split carved from 'train' for choosing knobs).
-      'split': 'train',
-      'render_size': 64,  # emoji: pixels of the rendered glyphs
-      'mean': (0.48145466, 0.4578275, 0.40821073),  # CLIP's constants
-      'std': (0.26862954, 0.26130258, 0.27577711),
-      'crop_scale': (0.8, 1.0),
-      'jitter': (0.32, 0.32, 0.32, 0.08),
-      'jitter_prob': 0.8,
-      'grayscale_prob': 0.2,
-      # Apply the jitter and grayscale drawn on the host in the train step
-      # (prolip_jax/data/color.py) instead of with PIL in the workers.
-      'color_on_device': False,
-      # Augmented views per image; > 1 only for multi-view objectives
-      # (objectives.MULTI_VIEW: UniCLIP).
-      'num_views': 1,
-      'num_workers': 0,
-      'num_threads': 2,
-      # data.name == 'array_record': a glob (or brace pattern) of shards.
-      'path': '',
-      # data.name == 'tfds': a prepared TFDS dataset read by random access.
-      'tfds_name': '', 'tfds_split': 'train', 'tfds_data_dir': '',
-      'tfds_image_key': 'image', 'tfds_caption_key': 'caption',
-      # Bad records (undecodable image, empty caption) are replaced by the
-      # next good one and counted; above this fraction the run stops.
-      'max_bad_fraction': 0.01, 'bad_record_warmup': 1000,
-      'tokenizer_max_sentences': 1_000_000,
-      # Eval-time resize + crop of prolip_jax.load: 'default' or 'release'
-      # (open_clip's torchvision roundings).
-      'eval_view': 'default',
-  })
-  c.tokenizer = ml_collections.ConfigDict({
-      'model_path': '',  # empty: train one on the dataset's captions
-      'vocab_size': 256, 'pad_id': -1, 'mask_id': -1,  # -1: from the model
-      # Caption cleaning (data/text_clean.py): none, whitespace, lower,
-      # canonicalize (the release's). keep_eos: a truncated sentencepiece row
-      # ends in EOS, as Hugging Face tokenizers do.
-      'clean': 'none', 'keep_eos': False})
-  # A snapshot dir or hf-hub:OWNER/NAME to fine-tune (hub.prepare_init_from);
-  # init_tokenizer optionally overrides its tokenizer.
-  c.init_from = ''
-  c.init_tokenizer = ''
-  c.eval = ml_collections.ConfigDict({'every_steps': 0, 'batch_size': 250})
-  c.log_every_steps = 20
-  c.checkpoint_every_steps = 200
-  c.keep_checkpoints = 3
-  # num_devices 0: every device of every host.
-  c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'num_devices': 0})
-  return c
+  """Run settings shared by every config, each at its declared default
+  (``config_keys.KEYS``); each config file overrides some."""
+  return config_keys.nested(config_keys.defaults())
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
@@ -175,13 +99,11 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   if objective in ('clip', 'otter', 'pcclip'):
     c.model.init_logit_scale = 1 / 0.07  # CLIP's temperature init
   if objective == 'pcclip':
-    # PC-CLIP (Sam et al.): CLIP + weight * eq. 1 over difference pairs.
-    c.loss.pcclip_weight = 1.0
-    c.loss.pcclip_tau = 1.0  # appendix C.1: tau = 1 in every run
-    c.loss.pcclip_squared = False  # True: eq. 5's squared loss
-    # One differing attribute per T_ij: with the 256-piece demo tokenizer one
-    # phrase is 15-26 tokens, and two would not fit the 32-token context.
-    c.loss.pcclip_max_phrases = 1
+    # PC-CLIP (Sam et al.): CLIP + weight * eq. 1 over difference pairs,
+    # tau = 1 (appendix C.1). One differing attribute per T_ij (the declared
+    # default): with the 256-piece demo tokenizer one phrase is 15-26 tokens,
+    # and two would not fit the 32-token context.
+    config_keys.add(c, 'pcclip')
   if objective == 'pcme':
     # PCME++'s release inits a = 5, b = 5 (the model stores log a).
     c.model.init_logit_scale = 5.0
@@ -220,13 +142,11 @@ def _uniclip_settings(c: ml_collections.ConfigDict):
   c.data.crop_scale = (0.6, 1.0)
   c.data.jitter = (0.4, 0.4, 0.0, 0.0)
   c.data.jitter_prob = 0.8
-  c.loss.mp_nce_weights = 'balanced'  # (1/V^2, 1/(2V), 1): eq. 12's w_D
-  c.uniclip = ml_collections.ConfigDict({
-      'embed_dim': 0,  # 0: model.embed_dim
-      'num_blocks': 3, 'mlp_ratio': 2.0,  # image head: 3 residual blocks
-      'aug_features': 64, 'aug_hidden': 64,  # f_A
-      'use_aug': True,
-      'init_tau': 0.07, 'init_offset': 0.0})  # eq. 16 starts as eq. 13
+  # Declared defaults: balanced (1/V^2, 1/(2V), 1) weights (eq. 12's w_D),
+  # an image head of 3 residual blocks, eq. 16 starting as eq. 13.
+  config_keys.add(c, 'uniclip')
+  c.uniclip.aug_features = 64  # f_A: the digits need less than 128
+  c.uniclip.aug_hidden = 64
 
 
 def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:

@@ -7,7 +7,8 @@ import json
 import logging as pylogging
 import os
 import signal
-from typing import Callable
+import sys
+from typing import Callable, Optional
 
 from absl import logging
 import jax
@@ -15,13 +16,70 @@ import jax
 from prolip_jax import errors
 
 
-class MetricWriter:
-  """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars."""
+def _rows_up_to(path: str, step: int) -> tuple[list[str], int, int]:
+  """``(lines to keep, rows dropped beyond step, partial lines dropped)``
+  of a ``metrics.jsonl``."""
+  with open(path, 'rb') as f:
+    data = f.read()
+  kept, beyond, partial = [], 0, 0
+  for raw in data.split(b'\n'):
+    if not raw.strip():
+      continue
+    try:
+      row = json.loads(raw)
+      row_step = int(row['step'])
+    except (ValueError, TypeError, KeyError):  # cut by a kill mid-line
+      partial += 1
+      continue
+    if row_step > step:
+      beyond += 1
+    else:
+      kept.append(raw.decode('utf-8'))
+  return kept, beyond, partial
 
-  def __init__(self, workdir: str, enabled: bool):
+
+def truncate_metrics(path: str, step: int) -> Optional[str]:
+  """Drops the rows of ``metrics.jsonl`` logged after ``step`` (a resumed
+  run logs those steps again) and any line cut short (a kill mid-write), so
+  every step appears once; the file is replaced atomically. Returns a
+  one-line note when something was dropped, else None."""
+  if not os.path.exists(path):
+    return None
+  kept, beyond, partial = _rows_up_to(path, step)
+  if not beyond and not partial:
+    return None
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    f.write(''.join(line + '\n' for line in kept))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  parts = []
+  if beyond:
+    parts.append(f'{beyond} row(s) logged after step {step}, which is '
+                 'trained again')
+  if partial:
+    parts.append(f'{partial} incomplete line(s)')
+  return f'{path}: dropped ' + ' and '.join(parts)
+
+
+class MetricWriter:
+  """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars.
+
+  Only the writer that is ``enabled`` (the chief process) touches the file.
+  ``resume_step``: the step the run restarts from; rows beyond it and lines
+  cut short by a kill are dropped first (``truncate_metrics``).
+  """
+
+  def __init__(self, workdir: str, enabled: bool,
+               resume_step: Optional[int] = None):
     self.enabled = enabled
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.tb = None
+    if enabled and resume_step is not None:
+      note = truncate_metrics(self.path, resume_step)
+      if note:
+        print(f'note: {note}', file=sys.stderr, flush=True)
     if enabled:
       try:
         from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top

@@ -30,6 +30,7 @@ import optax
 from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import config_drift
+from prolip_jax import config_keys
 from prolip_jax import errors
 from prolip_jax import hub
 from prolip_jax import objectives
@@ -97,7 +98,8 @@ def make_optimizer(optim, total_steps: int
   schedule = learning_rate_schedule(optim, total_steps)
   tx = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                    weight_decay=optim.weight_decay, mask=weight_decay_mask)
-  unc_lr_mult = float(optim.get('unc_lr_mult', 1.0))
+  unc_lr_mult = float(optim.get('unc_lr_mult',
+                                config_keys.default('optim.unc_lr_mult')))
   if unc_lr_mult <= 0:
     raise ValueError(f'optim.unc_lr_mult must be > 0, got {unc_lr_mult}')
   if unc_lr_mult != 1.0:
@@ -125,7 +127,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   objective = objectives.get(config.objective)
   loss_fn = objective.make_loss_fn(model, config, mesh, mask_id)
   max_log_scale = math.log(config.optim.max_logit_scale)
-  nan_steps = tuple(config.get('debug_nan_steps', ()))
+  nan_steps = tuple(config_keys.get(config, 'debug_nan_steps'))
 
   def loss_at(params, teacher, batch, rng, step):
     loss, metrics = loss_fn(params, teacher, batch, rng)
@@ -200,8 +202,8 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]],
   tokenizer = Tokenizer(src, config.model.text.context_length,
                         pad_id=None if pad < 0 else pad,
                         mask_id=None if mask < 0 else mask,
-                        clean=config.tokenizer.get('clean', 'none'),
-                        keep_eos=config.tokenizer.get('keep_eos', False))
+                        clean=config_keys.get(config, 'tokenizer.clean'),
+                        keep_eos=config_keys.get(config, 'tokenizer.keep_eos'))
   checkpoint.check_tokenizer(meta, src, owner, sha256=tokenizer.sha256)
   return tokenizer
 
@@ -229,7 +231,8 @@ def augment_config(data) -> transforms.AugmentConfig:
   return transforms.AugmentConfig(
       crop_scale=tuple(data.crop_scale), jitter=tuple(data.jitter),
       jitter_prob=data.jitter_prob, grayscale_prob=data.grayscale_prob,
-      color_on_device=bool(data.get('color_on_device', False)))
+      color_on_device=bool(data.get(
+          'color_on_device', config_keys.default('data.color_on_device'))))
 
 
 def validate_config(config):
@@ -314,8 +317,55 @@ def _check_drift(config, workdir: str, is_chief: bool):
           + '; '.join(applied), flush=True)
 
 
+def _check_nothing_set_aside(workdir: str, allow_fresh_start: bool):
+  """Refuses to train from step 0 over checkpoints that an earlier run set
+  aside as unreadable (``checkpoints/`` empty or missing,
+  ``checkpoints_unreadable/`` not): a week of training is not restarted
+  without being asked to."""
+  aside = os.path.join(workdir, checkpoint.UNREADABLE_DIR)
+  if allow_fresh_start or not os.path.isdir(aside) or not os.listdir(aside):
+    return
+  if checkpoint.latest_step(workdir) is not None:
+    return
+  raise errors.CheckpointError(
+      f'{checkpoint.checkpoint_dir(workdir)} has no checkpoint but {aside} '
+      f'holds {sorted(os.listdir(aside))}, set aside as unreadable; nothing '
+      'was changed: restore a readable copy into checkpoints/, or pass '
+      '--allow_fresh_start (train_and_evaluate(..., allow_fresh_start=True)) '
+      'to train from step 0 anyway')
+
+
+def _mismatch_error(e: checkpoint.TreeMismatchError, config
+                    ) -> errors.ConfigDriftError:
+  """One line for a healthy checkpoint that does not fit the current
+  config: the settings that differ from its stored config (or, when none
+  do, the arrays), and what to do."""
+  stored = (e.meta or {}).get('config') or {}
+  requested = json.loads(config.to_json_best_effort())
+  if not e.meta.get('has_opt_state', True):
+    stored = {'model': stored.get('model', {})}
+    requested = {'model': requested['model']}
+  changes = config_drift.diff(stored, requested)
+  fixed = {k: v for k, v in changes.items() if config_drift.is_fixed(k)}
+  arrays = '; '.join(e.differences[:3]) + (
+      f'; and {len(e.differences) - 3} more' if len(e.differences) > 3
+      else '')
+  if changes:
+    why = ('settings that differ from the stored run: '
+           + config_drift.describe_changes(fixed or changes)
+           + f' (arrays: {arrays})')
+  else:  # same settings: the code that builds the trees changed
+    why = (f'its arrays differ ({arrays}) although the settings are the '
+           'same (was it written by another prolip_jax version?)')
+  return errors.ConfigDriftError(
+      f'checkpoint step {e.step} at {e.path} is readable but does not fit the '
+      f'current config: {why}; nothing was changed: resume with the stored '
+      'settings or start a new --workdir')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       max_steps: Optional[int] = None) -> dict[str, Any]:
+                       max_steps: Optional[int] = None,
+                       allow_fresh_start: bool = False) -> dict[str, Any]:
   """Trains (resuming from the newest readable checkpoint) and evaluates.
 
   Holds ``WORKDIR/.lock`` while it runs (a second run on the workdir stops
@@ -327,6 +377,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     workdir: checkpoints, tokenizer, metrics and TensorBoard files go here.
     max_steps: stop after this many steps in this call (the schedule still
       spans ``config.total_steps``); for tests of interruption and resume.
+    allow_fresh_start: train from step 0 even though ``checkpoints/`` is
+      empty and ``checkpoints_unreadable/`` holds steps set aside by an
+      earlier run (refused otherwise: ``CheckpointError``).
 
   Returns:
     A summary dict: ``step``, ``checkpoint`` (path), final ``eval`` metrics,
@@ -351,12 +404,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if failure is not None:
     raise failure
   try:
-    return _train_and_evaluate(config, workdir, max_steps)
+    return _train_and_evaluate(config, workdir, max_steps, allow_fresh_start)
   finally:
     lock.release()
 
 
-def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
+def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
+                        allow_fresh_start: bool):
+  _check_nothing_set_aside(workdir, allow_fresh_start)
   with errors.config_errors():
     config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
   objective = objectives.get(config.objective)
@@ -382,7 +437,7 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
         source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
         global_batch_size=config.batch_size, seed=config.seed,
         augment=augment_config(config.data),
-        num_views=config.data.get('num_views', 1),
+        num_views=config_keys.get(config, 'data.num_views'),
         process_index=jax.process_index(),
         process_count=jax.process_count())
     dataset = objective.wrap_dataset(
@@ -399,9 +454,13 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
     abstract = jax.eval_shape(init_state, init_rng)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
-  restored = checkpoint.restore_newest(
-      mngr, abstract.params, abstract.opt_state, abstract.teacher,
-      set_aside=True)
+  try:
+    restored = checkpoint.restore_newest(
+        mngr, abstract.params, abstract.opt_state, abstract.teacher,
+        set_aside=True)
+  except checkpoint.TreeMismatchError as e:
+    mngr.close()
+    raise _mismatch_error(e, config) from e
   if restored is None:
     start = 0
     state = init_state(init_rng)
@@ -428,7 +487,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
       out_shardings=(state_shardings, shd.replicated(mesh)),
       donate_argnums=(0,))
 
-  writer = progress.MetricWriter(workdir, is_chief)
+  # Rows logged after the restored step are trained again: drop them.
+  writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
   meta = {'config': json.loads(config.to_json_best_effort()),
           'model': model_cfg.to_dict(),
           **checkpoint.tokenizer_meta(tokenizer)}
@@ -471,7 +531,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int]):
   last_metrics: dict[str, float] = {}
   t_log, step_log = time.time(), step
   t_start = time.time()
-  monitor = progress.NonFiniteMonitor(config.get('max_nonfinite_steps', 5),
+  monitor = progress.NonFiniteMonitor(
+      config_keys.get(config, 'max_nonfinite_steps'),
                              mngr.latest_step)
   try:
     while step < end and not stopper.stop:

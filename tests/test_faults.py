@@ -405,3 +405,250 @@ def test_export_paths_stay_inside_the_export_directory(tmp_path):
   (out / 'config.json').write_text('{"model_cfg": ')
   with pytest.raises(errors.CheckpointError, match='config.json'):
     prolip_jax.load(str(out))
+
+
+# ----------------------------------------------------------------------------
+# A changed setting on resume never costs a checkpoint
+
+
+def _tree_digest(directory):
+  """``{relative path: bytes}`` of every file under ``directory``."""
+  out = {}
+  for d, _, files in os.walk(directory):
+    for f in files:
+      path = os.path.join(d, f)
+      with open(path, 'rb') as fh:
+        out[os.path.relpath(path, directory)] = fh.read()
+  return out
+
+
+def _one_error_line(err):
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), err
+  return lines[0]
+
+
+@pytest.mark.slow
+def test_drift_scenario_from_the_command_line_keeps_the_checkpoints(tmp_path):
+  """The issue's scenario: train 20 steps, resume with
+  --config.optim.grad_clip=1.0 (refused in one line, nothing touched), then
+  the original command continues from step 20."""
+  flags = [f'--config={MICRO}', f'--workdir={tmp_path}',
+           '--config.total_steps=20', '--config.checkpoint_every_steps=10',
+           '--config.log_every_steps=5']
+  code, _, err = _run_main(*flags)
+  assert code == 0, err
+  before = _tree_digest(tmp_path / 'checkpoints')
+  assert {k.split(os.sep)[0] for k in before} == {'10', '20'}
+  code, out, err = _run_main(*flags, '--config.optim.grad_clip=1.0')
+  assert code == errors.EXIT_USER_ERROR, (out, err)
+  line = _one_error_line(err)
+  assert 'optim.grad_clip: 0.0 -> 1.0' in line and 'optimizer-state' in line
+  assert _tree_digest(tmp_path / 'checkpoints') == before
+  assert not os.path.exists(tmp_path / 'checkpoints_unreadable')
+  code, out, err = _run_main(*flags)  # the original command
+  assert code == 0, err
+  assert 'steps 20 -> 20 of 20' in out
+  code, out, err = _run_main(*flags[:2], '--config.total_steps=25',
+                             '--config.checkpoint_every_steps=10',
+                             '--config.log_every_steps=5')
+  assert code == 0, err
+  assert 'steps 20 -> 25 of 25' in out and 'total_steps: 20 -> 25' in out
+  assert not os.path.exists(tmp_path / 'checkpoints_unreadable')
+  after = _tree_digest(tmp_path / 'checkpoints')
+  assert {k: v for k, v in after.items() if k.startswith('20' + os.sep)} == {
+      k: v for k, v in before.items() if k.startswith('20' + os.sep)}
+  steps = [json.loads(l)['step'] for l in open(tmp_path / 'metrics.jsonl')
+           if 'loss' in json.loads(l)]
+  assert steps == [5, 10, 15, 20, 25]
+
+
+OPTIM_CHANGES = {
+    'optim.lr': 1e-3, 'optim.b1': 0.8, 'optim.b2': 0.9, 'optim.eps': 1e-7,
+    'optim.weight_decay': 0.0, 'optim.warmup_steps': 1,
+    'optim.end_lr_ratio': 0.1, 'optim.grad_clip': 1.0,
+    'optim.max_logit_scale': 50.0, 'optim.unc_lr_mult': 10.0,
+}
+
+
+def _step_counts(workdir, step):
+  """The integer step counters (Adam's, the schedule's) in the optimizer
+  state of one checkpoint, read as its own metadata describes it."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  with checkpoint.manager(workdir, read_only=True) as mngr:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+        mngr.item_metadata(step)['opt_state'])
+    opt = mngr.restore(step, args=ocp.args.Composite(
+        opt_state=ocp.args.StandardRestore(target)))['opt_state']
+  return {int(np.asarray(x)) for x in jax.tree.leaves(opt)
+          if np.asarray(x).dtype == np.int32 and np.ndim(x) == 0}
+
+
+@pytest.mark.slow
+def test_each_optimizer_key_on_resume_resumes_or_refuses(tmp_path):
+  """Every optim.* key changed on resume: the run either resumes from the
+  newest step with its optimizer state restored, or refuses in one line;
+  it never sets a checkpoint aside."""
+  from prolip_jax import config_keys  # pylint: disable=g-import-not-at-top
+  assert set(OPTIM_CHANGES) == {k for k in config_keys.KEYS
+                                if k.startswith('optim.')}
+  workdir = str(tmp_path)
+  train.train_and_evaluate(micro_config(total_steps=40), workdir,
+                           max_steps=2)
+  step = 2
+  for key, value in OPTIM_CHANGES.items():
+    before = _tree_digest(tmp_path / 'checkpoints')
+    cfg = micro_config(total_steps=40, **{key: value})
+    try:
+      summary = train.train_and_evaluate(cfg, workdir, max_steps=1)
+    except errors.ConfigDriftError as e:
+      assert '\n' not in str(e) and f'{key}: ' in str(e), str(e)
+      assert _tree_digest(tmp_path / 'checkpoints') == before, key
+      assert config_keys.KEYS[key].fixed, key
+    else:
+      assert not config_keys.KEYS[key].fixed, key
+      assert summary['step'] == step + 1, key
+      # Adam's count went on from the restored state (a fresh one is 1).
+      assert _step_counts(workdir, step + 1) == {step + 1}, key
+      step += 1
+    assert not os.path.exists(tmp_path / 'checkpoints_unreadable'), key
+  assert step == 2 + sum(not config_keys.KEYS[k].fixed for k in OPTIM_CHANGES)
+
+
+def test_a_checkpoint_of_another_tree_is_refused_not_set_aside(
+    tmp_path, monkeypatch):
+  """The restore itself cannot destroy: with the drift rule for
+  optim.grad_clip switched off, the optimizer-state tree no longer fits,
+  and the run stops naming the setting instead of setting steps aside."""
+  from prolip_jax import config_keys  # pylint: disable=g-import-not-at-top
+  train.train_and_evaluate(micro_config(total_steps=4,
+                                        checkpoint_every_steps=2),
+                           str(tmp_path))
+  before = _tree_digest(tmp_path / 'checkpoints')
+  monkeypatch.setitem(config_keys.KEYS, 'optim.grad_clip',
+                      config_keys.Key(0.0, 'clip (test: declared free)'))
+  with pytest.raises(errors.ConfigDriftError) as info:
+    train.train_and_evaluate(
+        micro_config(total_steps=4, **{'optim.grad_clip': 1.0}),
+        str(tmp_path))
+  text = str(info.value)
+  assert 'readable but does not fit' in text and '\n' not in text
+  assert 'optim.grad_clip: 0.0 -> 1.0' in text and 'opt_state' in text
+  assert _tree_digest(tmp_path / 'checkpoints') == before
+  assert not os.path.exists(tmp_path / 'checkpoints_unreadable')
+
+
+def _meta_file(workdir, step):
+  meta_dir = os.path.join(workdir, 'checkpoints', str(step), 'meta')
+  for name in os.listdir(meta_dir):
+    path = os.path.join(meta_dir, name)
+    try:
+      if 'config' in json.load(open(path)):
+        return path
+    except (ValueError, UnicodeDecodeError, IsADirectoryError):
+      continue
+  raise AssertionError(f'no meta JSON under {meta_dir}')
+
+
+def test_an_embed_dim_edited_into_the_saved_config_is_refused_untouched(
+    tmp_path):
+  """The issue's second case: the newest checkpoint's stored config says
+  model.embed_dim=24 (edited), its arrays are 16 wide; resuming with 24 is
+  refused in one line, and no step is set aside."""
+  train.train_and_evaluate(micro_config(total_steps=4,
+                                        checkpoint_every_steps=2),
+                           str(tmp_path))
+  path = _meta_file(str(tmp_path), 4)
+  meta = json.load(open(path))
+  meta['config']['model']['embed_dim'] = 24
+  json.dump(meta, open(path, 'w'))
+  before = _tree_digest(tmp_path / 'checkpoints')
+  with pytest.raises(errors.ConfigDriftError) as info:
+    train.train_and_evaluate(micro_config(total_steps=6,
+                                          **{'model.embed_dim': 24}),
+                             str(tmp_path))
+  text = str(info.value)
+  assert 'step 4' in text and 'does not fit' in text and '\n' not in text
+  assert '(16,' in text or ', 16)' in text, text
+  assert _tree_digest(tmp_path / 'checkpoints') == before
+  assert not os.path.exists(tmp_path / 'checkpoints_unreadable')
+  # The settings the checkpoint's arrays were trained with still resume.
+  meta['config']['model']['embed_dim'] = 16
+  json.dump(meta, open(path, 'w'))
+  assert train.train_and_evaluate(micro_config(total_steps=5),
+                                  str(tmp_path))['step'] == 5
+
+
+def test_set_aside_steps_are_not_trained_over_without_being_asked(
+    tmp_path, capfd):
+  train.train_and_evaluate(micro_config(total_steps=3), str(tmp_path))
+  os.makedirs(tmp_path / 'checkpoints_unreadable')
+  for name in os.listdir(tmp_path / 'checkpoints'):
+    shutil.move(str(tmp_path / 'checkpoints' / name),
+                str(tmp_path / 'checkpoints_unreadable' / name))
+  aside = _tree_digest(tmp_path / 'checkpoints_unreadable')
+  with pytest.raises(errors.CheckpointError, match='--allow_fresh_start'):
+    train.train_and_evaluate(micro_config(total_steps=3), str(tmp_path))
+  code, _, err = _run_main(f'--config={MICRO}', f'--workdir={tmp_path}',
+                           '--config.total_steps=3')
+  assert code == errors.EXIT_USER_ERROR
+  assert 'checkpoints_unreadable' in _one_error_line(err)
+  assert checkpoint.latest_step(str(tmp_path)) is None
+  assert _tree_digest(tmp_path / 'checkpoints_unreadable') == aside
+  capfd.readouterr()
+  summary = train.train_and_evaluate(micro_config(total_steps=3),
+                                     str(tmp_path), allow_fresh_start=True)
+  assert summary['step'] == 3 and 'steps 0 -> 3' in capfd.readouterr().out
+  assert _tree_digest(tmp_path / 'checkpoints_unreadable') == aside
+
+
+# ----------------------------------------------------------------------------
+# metrics.jsonl: every step once
+
+
+def test_resume_drops_rows_after_the_checkpoint_and_a_cut_line(tmp_path,
+                                                             capfd):
+  """A kill after step 6 was logged but before it was checkpointed, in the
+  middle of writing a row: after resuming, every step appears once, and the
+  re-logged steps match an uninterrupted run."""
+  cfg = micro_config(total_steps=6, checkpoint_every_steps=3)
+  train.train_and_evaluate(cfg, str(tmp_path / 'ref'))
+  shutil.copytree(tmp_path / 'ref', tmp_path / 'run')
+  shutil.rmtree(tmp_path / 'run' / 'checkpoints' / '6')  # never written
+  metrics = tmp_path / 'run' / 'metrics.jsonl'
+  text = metrics.read_text()
+  metrics.write_text(text + text.splitlines()[-1][:25])  # cut mid-row
+  capfd.readouterr()
+  train.train_and_evaluate(cfg, str(tmp_path / 'run'))
+  rows = [json.loads(l) for l in metrics.read_text().splitlines()]
+  ref = [json.loads(l) for l in (tmp_path / 'ref' / 'metrics.jsonl')
+         .read_text().splitlines()]
+  beyond = sum(r['step'] > 3 for r in ref)  # the loss rows 4-6, the eval row
+  assert (f'dropped {beyond} row(s) logged after step 3, which is trained '
+          'again and 1 incomplete line') in capfd.readouterr().err
+  assert [r['step'] for r in rows] == [r['step'] for r in ref]
+  assert [sorted(r) for r in rows] == [sorted(r) for r in ref]
+  assert [r['step'] for r in rows if 'loss' in r] == [1, 2, 3, 4, 5, 6]
+  by_step = {r['step']: r for r in ref if 'loss' in r}
+  for r in rows:
+    if 'loss' in r:
+      assert r['loss'] == by_step[r['step']]['loss'], r['step']
+
+
+def test_truncate_metrics_keeps_rows_up_to_the_step(tmp_path):
+  from prolip_jax import progress  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'metrics.jsonl'
+  rows = [json.dumps({'step': s, 'loss': s / 10}) for s in range(1, 6)]
+  path.write_text('\n'.join(rows) + '\n' + rows[-1][:7])
+  note = progress.truncate_metrics(str(path), 3)
+  assert 'dropped 2 row(s)' in note and '1 incomplete line' in note
+  assert path.read_text() == '\n'.join(rows[:3]) + '\n'
+  assert progress.truncate_metrics(str(path), 3) is None  # nothing to do
+  # Only the chief touches the file.
+  path.write_text('\n'.join(rows) + '\n')
+  progress.MetricWriter(str(tmp_path), enabled=False, resume_step=1)
+  assert path.read_text() == '\n'.join(rows) + '\n'
+  progress.MetricWriter(str(tmp_path), enabled=True, resume_step=1).close()
+  assert path.read_text() == rows[0] + '\n'

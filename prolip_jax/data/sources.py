@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from prolip_jax import config_keys
 from prolip_jax.data import digits
 from prolip_jax.data import emoji
 from prolip_jax.data import records
@@ -33,22 +34,10 @@ from prolip_jax.data import transforms
 
 SOURCES = ('digits', 'emoji', 'array_record', 'tfds')
 
-# Fields read with ``config.data.get(name, default)``.
-DEFAULTS = {
-    'path': '',
-    'tfds_name': '',
-    'tfds_split': 'train',
-    'tfds_data_dir': '',
-    'tfds_image_key': 'image',
-    'tfds_caption_key': 'caption',
-    'max_bad_fraction': 0.01,
-    'bad_record_warmup': 1000,
-    'tokenizer_max_sentences': 1_000_000,
-}
-
 
 def _get(data, name: str):
-  return data.get(name, DEFAULTS[name])
+  # A data-only config may lack a key: its declared default applies.
+  return data.get(name, config_keys.default(f'data.{name}'))
 
 
 def _checked(source, config) -> records.CheckedSource:
@@ -61,7 +50,7 @@ def _checked(source, config) -> records.CheckedSource:
   if image_size:
     defaults = transforms.AugmentConfig()
     min_pixels = records.train_min_pixels(
-        image_size, tuple(data.get('crop_scale', defaults.crop_scale)),
+        image_size, tuple(_get(data, 'crop_scale')),
         defaults.crop_ratio)
   return records.CheckedSource(
       source, max_bad_fraction=float(_get(data, 'max_bad_fraction')),
@@ -72,10 +61,10 @@ def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
   """The training records and a caption corpus for the tokenizer (or None)."""
   data = config.data
   if data.name == 'digits':
-    return digits.records(data.get('split', 'train')), digits.tokenizer_corpus
+    return digits.records(_get(data, 'split')), digits.tokenizer_corpus
   if data.name == 'emoji':
-    split = data.get('split', 'train')
-    return (emoji.records(split, data.get('render_size', 64)),
+    split = _get(data, 'split')
+    return (emoji.records(split, _get(data, 'render_size')),
             lambda: emoji.tokenizer_corpus(split))
   max_sentences = int(_get(data, 'tokenizer_max_sentences'))
   if data.name == 'array_record':

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from prolip_jax import config_keys
 from prolip_jax import sharding as shd
 from prolip_jax.embedding import train_images
 from prolip_jax.losses import GaussianBatch
@@ -94,7 +95,7 @@ class Objective:
     """Raises ``ValueError`` for settings this objective cannot train with."""
     if self.needs_unc and not config.model.use_unc:
       raise ValueError(f'objective {self.name!r} needs model.use_unc=True')
-    if not self.multi_view and config.data.get('num_views', 1) != 1:
+    if not self.multi_view and config_keys.get(config, 'data.num_views') != 1:
       raise ValueError(f'data.num_views={config.data.num_views} but objective '
                        f'{self.name!r} takes one view per image')
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from prolip_jax import config_keys
 from prolip_jax import sharding as shd
 from prolip_jax.data import transforms
 from prolip_jax.embedding import train_images
@@ -44,18 +45,11 @@ Array = jax.Array
 
 PARAMS_KEY = 'uniclip'
 
-# config.uniclip defaults. embed_dim 0: the towers' embed_dim. The paper gives
-# neither widths nor inits: three residual blocks (Table 4a), CLIP's 0.07.
-DEFAULTS = {
-    'embed_dim': 0,
-    'num_blocks': 3,
-    'mlp_ratio': 2.0,
-    'aug_features': 128,
-    'aug_hidden': 128,
-    'use_aug': True,
-    'init_tau': uniclip_loss.UNICLIP_TAU_INIT,
-    'init_offset': uniclip_loss.UNICLIP_OFFSET_INIT,
-}
+# config.uniclip defaults, declared in config_keys.KEYS. embed_dim 0: the
+# towers' embed_dim. The paper gives neither widths nor inits: three residual
+# blocks (Table 4a), CLIP's 0.07.
+DEFAULTS = {k[len(PARAMS_KEY) + 1:]: v for k, v in config_keys.defaults(
+    PARAMS_KEY + '.', added_by='uniclip').items()}
 
 
 def settings(config) -> dict[str, Any]:
@@ -229,13 +223,14 @@ class UniCLIPObjective(Objective):
       raise ValueError(f'objective {self.name!r} is deterministic (its heads '
                        'take the tower means; [UNC] would get no gradient): '
                        'set model.use_unc=False')
-    num_views = config.data.get('num_views', 1)
+    num_views = config_keys.get(config, 'data.num_views')
     if num_views < 2:
       raise ValueError(f'objective {self.name!r} needs data.num_views >= 2 '
                        'augmented views per image (its image-image '
                        f'positives; paper: 3), got {num_views}')
     settings(config)  # unknown config.uniclip keys
-    resolve_weights(config.loss.get('mp_nce_weights', 'balanced'), num_views)
+    resolve_weights(config_keys.get(config, 'loss.mp_nce_weights'),
+                    num_views)
 
   def init_extra_params(self, config, model_cfg, rng):
     return {PARAMS_KEY: init_params(config, model_cfg, rng)}
@@ -248,7 +243,8 @@ class UniCLIPObjective(Objective):
     ``axis_name`` the arrays are local shards and the loss is the global one
     (``mp_nce_loss_sharded``: local anchors against all-gathered candidates).
     """
-    mode = loss_cfg.get('mp_nce_weights', 'balanced')
+    mode = loss_cfg.get('mp_nce_weights',
+                        config_keys.default('loss.mp_nce_weights'))
 
     def mp_nce(z_views, z_txt, temperatures, offsets):
       views = z_views.transpose(1, 0, 2)  # (V, b, E)

@@ -1,0 +1,308 @@
+"""Every config key, declared once: its default, its meaning and whether a
+resumed run may change it.
+
+``KEYS`` is read by ``presets.base_config`` (the defaults), by
+``config_help.describe`` (``--print_config``) and by ``config_drift.check``
+(what a resume may change). A key that is ``fixed`` says why: it changes the
+parameter tree, the optimizer-state tree, the data order or the tokenizer,
+or it otherwise defines the model the checkpoint holds. Everything else may
+change on resume and the change is printed and applied.
+
+``tests/test_config_keys.py`` derives fixed-ness rather than trusting it:
+every ``optim.*`` key whose change alters the optimizer-state tree of
+``train.make_optimizer`` and every ``model.*``/``uniclip.*`` key whose change
+alters the parameter tree must be declared with ``OPTIMIZER_TREE`` or
+``PARAMETER_TREE``, and the other way round.
+
+Adding a key is one line in ``KEYS``, e.g.
+``'model.scan': Key(False, 'scan the transformer blocks', PARAMETER_TREE),``
+(``fixed`` omitted: the key may change on resume). A key with ``added_by``
+belongs to one objective's configs only (not in ``base_config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import ml_collections
+
+# Why a key may not change on resume.
+PARAMETER_TREE = 'changes the parameter tree'
+OPTIMIZER_TREE = 'changes the optimizer-state tree'
+DATA = 'changes the data order or the training batches'
+TOKENIZER = 'changes the tokenizer (the token ids)'
+MODEL = 'changes the model the checkpoint holds'
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """One config key: ``default``, one-line ``meaning``, ``fixed`` (why it may
+  not change on resume; '' when it may) and ``added_by`` (the objective
+  whose configs add it; '' for every config)."""
+  default: Any
+  meaning: str
+  fixed: str = ''
+  added_by: str = ''
+
+
+KEYS: dict[str, Key] = {
+    'seed': Key(0, 'seeds the parameters, the data order and the step '
+                'randomness', DATA),
+    'objective': Key('prolip', 'prolip | siglip | clip | pcme | otter | '
+                     'uniclip | pcclip', MODEL),
+    'batch_size': Key(128, 'global batch (all devices and hosts)', DATA),
+    'total_steps': Key(1000, 'optimizer steps of the run (the schedule spans '
+                       'them)'),
+    # -- the model (the tiny preset; presets.model_preset overrides sizes)
+    'model.embed_dim': Key(64, 'dimension d of the shared embedding space',
+                           PARAMETER_TREE),
+    'model.vision.image_size': Key(32, 'image side in pixels',
+                                   PARAMETER_TREE),
+    'model.vision.patch_size': Key(8, 'ViT patch side in pixels',
+                                   PARAMETER_TREE),
+    'model.vision.width': Key(128, 'image tower width', PARAMETER_TREE),
+    'model.vision.layers': Key(4, 'image tower blocks', PARAMETER_TREE),
+    'model.vision.heads': Key(4, 'image tower attention heads', MODEL),
+    'model.vision.mlp_ratio': Key(4.0, 'image MLP width / tower width',
+                                  PARAMETER_TREE),
+    'model.vision.act': Key('gelu', 'image MLP activation: gelu | '
+                            'quick_gelu', MODEL),
+    'model.vision.ln_eps': Key(1e-5, 'image LayerNorm epsilon', MODEL),
+    'model.text.vocab_size': Key(256, 'text embedding rows (>= tokenizer '
+                                 'pieces)', PARAMETER_TREE),
+    'model.text.context_length': Key(32, 'caption tokens', PARAMETER_TREE),
+    'model.text.width': Key(128, 'text tower width', PARAMETER_TREE),
+    'model.text.layers': Key(3, 'text tower blocks', PARAMETER_TREE),
+    'model.text.heads': Key(4, 'text tower attention heads', MODEL),
+    'model.text.mlp_ratio': Key(4.0, 'text MLP width / tower width',
+                                PARAMETER_TREE),
+    'model.text.act': Key('gelu', 'text MLP activation: gelu | quick_gelu',
+                          MODEL),
+    'model.text.ln_eps': Key(1e-6, 'text LayerNorm epsilon', MODEL),
+    'model.text.pad_id': Key(0, "pad id (replaced by the tokenizer's)",
+                             TOKENIZER),
+    'model.text.proj_bias': Key(True, 'text projection has a bias',
+                                PARAMETER_TREE),
+    'model.text.pool': Key('cls', "text pooling: cls | argmax (open_clip's "
+                           'end-of-text)', PARAMETER_TREE),
+    'model.text.causal': Key(False, 'causal text attention mask', MODEL),
+    'model.use_unc': Key(True, 'add the [UNC] tokens: Gaussian (mu, log '
+                         'sigma^2) outputs', PARAMETER_TREE),
+    'model.release_compat': Key(False, 'layout and quirks of the public '
+                                'PyTorch release', PARAMETER_TREE),
+    'model.init_logit_scale': Key(10.0, 'initial a = exp(log a) of the '
+                                  'logits', MODEL),
+    'model.init_logit_bias': Key(-10.0, 'initial b of the logits', MODEL),
+    'model.init_unc_bias': Key(-10.0, 'initial bias of the [UNC] head (log '
+                               'sigma^2)', MODEL),
+    'model.compute_dtype': Key('float32', 'float32 | bfloat16 activations '
+                               '(params stay fp32)'),
+    'model.remat': Key(False, 'rematerialise transformer blocks (less '
+                       'memory)'),
+    # -- losses
+    'loss.alpha1': Key(1e-7, 'inclusion loss weight, image in text (eq. 6)'),
+    'loss.alpha2': Key(1e-3, 'inclusion loss weight, full in masked (eq. 6)'),
+    'loss.beta': Key(1e-4, 'VIB weight (eq. 6)'),
+    'loss.c': Key(1000.0, 'inclusion-loss sharpness c'),
+    'loss.eps': Key(-20.0, 'inclusion-loss stability exponent'),
+    'loss.vib_release_quirk': Key(False, 'VIB as the release computes it'),
+    'loss.guard': Key(True, 'drop exploding VIB/inclusion terms for a step '
+                      '(release)'),
+    'loss.otter.alpha': Key(0.5, 'OTTER: weight of the hard InfoNCE labels'),
+    'loss.otter.lam': Key(0.15, 'OTTER: Sinkhorn temperature lambda'),
+    'loss.otter.n_iter': Key(5, 'OTTER: Sinkhorn iterations'),
+    'loss.otter.gamma_v': Key(1.0, 'OTTER: weight of image-image '
+                              'similarity'),
+    'loss.otter.gamma_t': Key(1.0, 'OTTER: weight of text-text similarity'),
+    'loss.otter.eta': Key(100.0, 'OTTER: diagonal penalty of the targets'),
+    'loss.otter.ema_decay': Key(0.999, 'OTTER: EMA decay m of the teacher'),
+    'loss.pcclip_weight': Key(1.0, 'PC-CLIP: weight of eq. 1', added_by=
+                              'pcclip'),
+    'loss.pcclip_tau': Key(1.0, 'PC-CLIP: tau of eq. 4 (appendix C.1: 1)',
+                           added_by='pcclip'),
+    'loss.pcclip_squared': Key(False, "PC-CLIP: eq. 5's squared loss",
+                               added_by='pcclip'),
+    'loss.pcclip_max_phrases': Key(1, 'PC-CLIP: differing attributes per '
+                                   'pair (0: all)', DATA, added_by='pcclip'),
+    'loss.mp_nce_weights': Key('balanced', 'UniCLIP domain weights: balanced '
+                               '| uniform | (w_II, w_IT, w_TT)',
+                               added_by='uniclip'),
+    # -- masked copies (ProLIP)
+    'masking.fraction': Key(0.125, 'samples of the batch that get a masked '
+                            'copy', DATA),
+    'masking.image_keep_ratio': Key(0.25, 'patch tokens kept in a masked '
+                                    'image (paper: 75% dropped)', DATA),
+    'masking.text_mask_prob': Key(0.75, 'probability of masking a caption '
+                                  'token', DATA),
+    # -- optimizer
+    'optim.lr': Key(5e-4, 'peak learning rate (after linear warm-up, cosine '
+                    'decay)'),
+    'optim.b1': Key(0.9, 'Adam beta1'),
+    'optim.b2': Key(0.95, 'Adam beta2'),
+    'optim.eps': Key(1e-6, 'Adam epsilon'),
+    'optim.weight_decay': Key(0.2, 'decoupled weight decay on matrices'),
+    'optim.warmup_steps': Key(100, 'linear warm-up steps'),
+    'optim.end_lr_ratio': Key(0.0, 'final lr as a fraction of the peak'),
+    'optim.grad_clip': Key(0.0, 'global-norm gradient clip (0: none)',
+                           OPTIMIZER_TREE),
+    'optim.max_logit_scale': Key(100.0, 'clamp of a'),
+    'optim.unc_lr_mult': Key(1.0, 'learning-rate multiplier of the [UNC] '
+                             'tokens and uncertainty heads (1: paper)',
+                             OPTIMIZER_TREE),
+    # -- data
+    'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
+    'data.split': Key('train', 'split of a bundled source (digits, emoji): '
+                      'train, or fit + val (validation carved from train)',
+                      DATA),
+    'data.render_size': Key(64, 'emoji: pixels of the rendered glyphs',
+                            DATA),
+    'data.mean': Key((0.48145466, 0.4578275, 0.40821073),
+                     "per-channel normalisation mean (CLIP's)", DATA),
+    'data.std': Key((0.26862954, 0.26130258, 0.27577711),
+                    "per-channel normalisation std (CLIP's)", DATA),
+    'data.crop_scale': Key((0.8, 1.0), 'random resized crop area range',
+                           DATA),
+    'data.jitter': Key((0.32, 0.32, 0.32, 0.08), 'colour jitter (brightness, '
+                       'contrast, saturation, hue)', DATA),
+    'data.jitter_prob': Key(0.8, 'probability of colour jitter', DATA),
+    'data.grayscale_prob': Key(0.2, 'probability of grayscale', DATA),
+    'data.color_on_device': Key(False, 'apply jitter/grayscale in the train '
+                                'step (the host only crops)', DATA),
+    'data.num_views': Key(1, 'augmented views per image (UniCLIP: > 1)',
+                          DATA),
+    'data.num_workers': Key(0, 'Grain worker processes (0: in-process)'),
+    'data.num_threads': Key(2, 'Grain read threads'),
+    'data.path': Key('', 'array_record shards (glob or brace pattern)', DATA),
+    'data.tfds_name': Key('', 'TFDS dataset name', DATA),
+    'data.tfds_split': Key('train', 'TFDS split', DATA),
+    'data.tfds_data_dir': Key('', 'TFDS data directory'),
+    'data.tfds_image_key': Key('image', 'TFDS image feature', DATA),
+    'data.tfds_caption_key': Key('caption', 'TFDS caption feature', DATA),
+    'data.max_bad_fraction': Key(0.01, 'stop when more records than this are '
+                                 'bad'),
+    'data.bad_record_warmup': Key(1000, 'records seen before the bad '
+                                  'fraction counts'),
+    'data.tokenizer_max_sentences': Key(1_000_000, 'captions used to train a '
+                                        'tokenizer (first run only)'),
+    'data.eval_view': Key('default', "eval image transform: default | "
+                          "release (open_clip's)"),
+    # -- tokenizer
+    'tokenizer.model_path': Key('', 'a .model file (empty: train one on the '
+                                'captions)', TOKENIZER),
+    'tokenizer.vocab_size': Key(256, 'pieces of a tokenizer trained here',
+                                TOKENIZER),
+    'tokenizer.pad_id': Key(-1, "pad id (-1: the model's)", TOKENIZER),
+    'tokenizer.mask_id': Key(-1, '[MASK] id for masked captions (-1: none)',
+                             TOKENIZER),
+    'tokenizer.clean': Key('none', 'text cleaning: none | whitespace | lower '
+                           '| canonicalize (the release)', TOKENIZER),
+    'tokenizer.keep_eos': Key(False, 'keep EOS when a caption is truncated '
+                              '(release)', TOKENIZER),
+    'init_from': Key('', 'start from a Hugging Face snapshot dir or '
+                     'hf-hub:OWNER/NAME'),
+    'init_tokenizer': Key('', 'tokenizer for init_from (file, dir or '
+                          'hf-hub:NAME)'),
+    # -- evaluation, logging, checkpoints, devices
+    'eval.every_steps': Key(0, 'held-out eval interval (0: at the end '
+                            'only)'),
+    'eval.batch_size': Key(250, 'eval batch'),
+    'log_every_steps': Key(20, 'progress line and metrics.jsonl row '
+                           'interval'),
+    'checkpoint_every_steps': Key(200, 'Orbax checkpoint interval (also on '
+                                  'SIGTERM)'),
+    'keep_checkpoints': Key(3, 'newest checkpoints kept; older ones are '
+                            'deleted'),
+    'max_nonfinite_steps': Key(5, 'stop after this many consecutive steps '
+                               'with a non-finite loss/gradient (each is '
+                               'skipped)'),
+    'debug_nan_steps': Key((), "fault injection for tests: make these "
+                           "steps' loss NaN"),
+    'mesh.data': Key(-1, 'data-parallel axis size (-1: the rest)'),
+    'mesh.fsdp': Key(1, 'FSDP axis size'),
+    'mesh.num_devices': Key(0, 'devices used (0: all)'),
+    # -- UniCLIP heads (objectives/uniclip.py)
+    'uniclip.embed_dim': Key(0, 'UniCLIP: head output dimension (0: '
+                             'model.embed_dim)', PARAMETER_TREE,
+                             added_by='uniclip'),
+    'uniclip.num_blocks': Key(3, 'UniCLIP: residual blocks of the image head',
+                              PARAMETER_TREE, added_by='uniclip'),
+    'uniclip.mlp_ratio': Key(2.0, 'UniCLIP: image-head MLP ratio',
+                             PARAMETER_TREE, added_by='uniclip'),
+    'uniclip.aug_features': Key(128, 'UniCLIP: width of the augmentation '
+                                'encoder f_A', PARAMETER_TREE,
+                                added_by='uniclip'),
+    'uniclip.aug_hidden': Key(128, 'UniCLIP: hidden width of f_A',
+                              PARAMETER_TREE, added_by='uniclip'),
+    'uniclip.use_aug': Key(True, 'UniCLIP: augmentation-aware image head',
+                           PARAMETER_TREE, added_by='uniclip'),
+    'uniclip.init_tau': Key(0.07, 'UniCLIP: initial tau_D of eq. 16', MODEL,
+                            added_by='uniclip'),
+    'uniclip.init_offset': Key(0.0, 'UniCLIP: initial b_D of eq. 16', MODEL,
+                               added_by='uniclip'),
+}
+
+
+def default(key: str) -> Any:
+  """The declared default of ``key`` (KeyError for an undeclared one)."""
+  return KEYS[key].default
+
+
+def get(config: Any, key: str) -> Any:
+  """``config``'s value of the dotted ``key``, or its declared default when
+  ``config`` (e.g. one stored by an older version) lacks it."""
+  node = config
+  for part in key.split('.'):
+    if not isinstance(node, (Mapping, ml_collections.ConfigDict)) or (
+        part not in node):
+      return default(key)
+    node = node[part]
+  return node
+
+
+def fixed_reason(key: str) -> str:
+  """Why ``key`` may not change on resume ('' when it may, or when it is
+  not declared)."""
+  found = KEYS.get(key)
+  return found.fixed if found else ''
+
+
+def meaning(key: str) -> str:
+  """The declared meaning of ``key`` ('' when undeclared)."""
+  found = KEYS.get(key)
+  return found.meaning if found else ''
+
+
+def defaults(prefix: str = '', added_by: str = '') -> dict[str, Any]:
+  """``{key: default}`` of the keys under ``prefix`` (e.g. ``'uniclip.'``)
+  that ``added_by`` adds ('' : the keys of every config)."""
+  return {k: v.default for k, v in KEYS.items()
+          if k.startswith(prefix) and v.added_by == added_by}
+
+
+def nested(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A ConfigDict from ``{'a.b': value}``."""
+  out = ml_collections.ConfigDict()
+  for key, value in flat.items():
+    node = out
+    *parents, last = key.split('.')
+    for part in parents:
+      if part not in node:
+        node[part] = ml_collections.ConfigDict()
+      node = node[part]
+    node[last] = value
+  return out
+
+
+def add(config: ml_collections.ConfigDict, added_by: str):
+  """Adds the declared keys of objective ``added_by`` (their defaults) that
+  ``config`` lacks."""
+  for key, value in defaults(added_by=added_by).items():
+    node = config
+    *parents, last = key.split('.')
+    for part in parents:
+      if part not in node:
+        node[part] = ml_collections.ConfigDict()
+      node = node[part]
+    if last not in node:
+      node[last] = value

@@ -1,0 +1,187 @@
+"""The config-key declarations (``config_keys.KEYS``): every key of every
+config is declared, and what a key is declared to change on resume is what
+it does change, measured on the optimizer-state and parameter trees the run
+builds."""
+
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from prolip_jax import config_drift
+from prolip_jax import config_help
+from prolip_jax import config_keys
+from prolip_jax import objectives
+from prolip_jax import presets
+from prolip_jax import train
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
+OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter', 'uniclip',
+              'pcclip')
+
+
+def _all_configs():
+  for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
+    yield os.path.basename(path), presets.load_config_file(path)
+  for name in OBJECTIVES:
+    yield f'tiny_demo_config({name!r})', presets.tiny_demo_config(name)
+    yield f'emoji_demo_config({name!r})', presets.emoji_demo_config(name)
+
+
+def test_every_key_of_every_config_is_declared():
+  for name, config in _all_configs():
+    undeclared = sorted(set(config_help.flatten(config)) -
+                        set(config_keys.KEYS))
+    assert not undeclared, (name, undeclared)
+  for key, declared in config_keys.KEYS.items():
+    assert declared.meaning, key
+
+
+def test_base_config_and_presets_read_the_declarations():
+  base = config_help.flatten(presets.base_config())
+  assert base == config_keys.defaults()
+  assert presets.base_config().model == presets.model_preset('tiny')
+  b16 = presets.model_preset('B/16')
+  assert (b16.embed_dim, b16.vision.width, b16.text.vocab_size) == (
+      768, 768, 32100)
+  assert b16.vision.act == config_keys.default('model.vision.act')
+  from prolip_jax.objectives import uniclip  # pylint: disable=g-import-not-at-top
+  assert uniclip.DEFAULTS['num_blocks'] == config_keys.default(
+      'uniclip.num_blocks')
+  # A config that lacks a key (an older stored run) reads its default.
+  assert config_keys.get({'data': {}}, 'data.num_views') == 1
+  assert config_keys.get({'data': {'num_views': 3}}, 'data.num_views') == 3
+
+
+def test_print_config_marks_fixed_keys():
+  text = config_help.describe(presets.load_config_file(MICRO))
+  lines = {l.split(' = ')[0]: l for l in text.splitlines()}
+  assert lines['optim.grad_clip'].endswith('[fixed on resume]')
+  assert '# peak learning rate' in lines['optim.lr']
+  assert not lines['optim.lr'].endswith('[fixed on resume]')
+
+
+def _changed(key, value):
+  """Another valid value of ``key`` and the overrides it needs."""
+  special = {
+      'model.vision.act': ('quick_gelu', {}),
+      'model.text.act': ('quick_gelu', {}),
+      'model.text.pool': ('argmax', {'model.use_unc': False}),
+      'model.compute_dtype': ('bfloat16', {}),
+  }
+  if key in special:
+    return special[key]
+  if isinstance(value, bool):
+    return (not value), {}
+  if isinstance(value, int):
+    return (value * 2 if value else 1), {}
+  if isinstance(value, float):
+    return (value / 2 if value else 0.5), {}
+  raise AssertionError(f'no changed value for {key}={value!r}')
+
+
+def _set(config, key, value):
+  node = config
+  *parents, last = key.split('.')
+  for part in parents:
+    node = node[part]
+  node[last] = value
+
+
+def _tree_signature(tree):
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return (jax.tree.structure(tree),
+          [(jax.tree_util.keystr(p), x.shape, x.dtype) for p, x in leaves])
+
+
+def _abstract_params(config):
+  model_cfg = ModelConfig.from_config(config.model)
+  model = ProLIP(model_cfg)
+  objective = objectives.get(config.objective)
+
+  def init(rng):
+    size = model_cfg.vision.image_size
+    params = model.init(
+        rng, jnp.zeros((1, size, size, 3), jnp.float32),
+        jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
+    return dict(params, **objective.init_extra_params(config, model_cfg, rng))
+
+  return jax.eval_shape(init, jax.random.key(0))
+
+
+def test_optimizer_keys_that_change_the_state_tree_are_declared_so():
+  """For every optim.* key: does changing it change the optimizer-state tree
+  (``train.make_optimizer``, on the [UNC] model so the uncertainty group
+  exists)? Exactly those keys must be declared ``OPTIMIZER_TREE``."""
+  base = presets.load_config_file(MICRO)
+  params = _abstract_params(base)
+
+  def signature(config):
+    tx, _ = train.make_optimizer(config.optim, config.total_steps)
+    return _tree_signature(jax.eval_shape(tx.init, params))
+
+  reference = signature(base)
+  keys = [k for k in config_keys.KEYS if k.startswith('optim.')]
+  assert len(keys) >= 10
+  measured = {}
+  for key in keys:
+    config = presets.load_config_file(MICRO)
+    value, extra = _changed(key, config_keys.get(config, key))
+    _set(config, key, value)
+    measured[key] = signature(config) != reference
+  declared = {k: config_keys.KEYS[k].fixed == config_keys.OPTIMIZER_TREE
+              for k in keys}
+  assert measured == declared
+  assert measured['optim.grad_clip'] and measured['optim.unc_lr_mult']
+  assert all(config_drift.is_fixed(k) for k in keys if measured[k])
+
+
+@pytest.mark.slow  # traces the model init once per key (~20 s)
+@pytest.mark.parametrize('objective,prefix', [('prolip', 'model.'),
+                                              ('uniclip', 'uniclip.')])
+def test_keys_that_change_the_parameter_tree_are_declared_so(objective,
+                                                            prefix):
+  """For every model.* (and uniclip.*) key: does changing it change the
+  parameter tree (jax.eval_shape of the model's init plus the objective's
+  own parameters)? Exactly those keys must be declared ``PARAMETER_TREE``;
+  the others that may not change say why."""
+  def base():
+    c = presets.tiny_demo_config(objective)
+    c.model.vision.layers = c.model.text.layers = 1  # faster tracing
+    return c
+
+  reference = _tree_signature(_abstract_params(base()))
+  keys = [k for k in config_keys.KEYS if k.startswith(prefix)]
+  measured = {}
+  for key in keys:
+    config = base()
+    value, extra = _changed(key, config_keys.get(config, key))
+    _set(config, key, value)
+    if extra:  # a change that needs another: compare against that alone
+      ref_config = base()
+      for k, v in extra.items():
+        _set(ref_config, k, v)
+        _set(config, k, v)
+      ref = _tree_signature(_abstract_params(ref_config))
+    else:
+      ref = reference
+    measured[key] = _tree_signature(_abstract_params(config)) != ref
+  declared = {k: config_keys.KEYS[k].fixed == config_keys.PARAMETER_TREE
+              for k in keys}
+  assert measured == declared
+  assert all(config_drift.is_fixed(k) for k in keys if measured[k])
+
+
+def test_drift_treats_an_absent_key_as_its_default():
+  stored = {'optim': {'lr': 1e-3}}  # written before unc_lr_mult existed
+  assert config_drift.diff(stored, {'optim': {'lr': 1e-3,
+                                              'unc_lr_mult': 1.0}}) == {}
+  with pytest.raises(Exception, match=r'optim.unc_lr_mult: 1.0 -> 10.0 '
+                     r'\(changes the optimizer-state tree\)'):
+    config_drift.check(stored, {'optim': {'lr': 1e-3, 'unc_lr_mult': 10.0}},
+                       5)
