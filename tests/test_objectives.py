@@ -620,39 +620,3 @@ def test_difference_classify_constructed_case():
       np.asarray(pcclip.difference_classify(g[j], g[i], u)), ~pred)
   # Ties (identical images) count as "first has more" (the >= of eq. 2).
   assert bool(pcclip.difference_classify(g[0], g[0], u))
-
-
-def test_difference_text_generator():
-  a = {'digit': 7, 'thickness': 'thick', 'width': 'narrow',
-       'position': 'center'}
-  b = {'digit': 2, 'thickness': 'thin', 'width': 'wide',
-       'position': 'center'}
-  assert pcclip.difference_texts(a, b) == [
-      'the first digit is larger than the second',
-      'the first is drawn with thicker strokes',
-      'the first digit is narrower than the second']
-  assert pcclip.difference_texts(b, a) == [
-      'the first digit is smaller than the second',
-      'the first is drawn with thinner strokes',
-      'the first digit is wider than the second']
-  assert pcclip.difference_text(a, dict(a)) is None
-  assert pcclip.difference_text(a, b, max_phrases=2) == (
-      'the first digit is larger than the second and the first is drawn '
-      'with thicker strokes')
-  color = pcclip.Attribute('color', categorical='the first is {a} while the '
-                           'second is {b}')
-  assert pcclip.difference_texts({'color': 'red'}, {'color': 'blue'},
-                                 (color,)) == [
-                                     'the first is red while the second is '
-                                     'blue']
-  attrs = [dict(a, digit=k % 10) for k in range(30)]
-  stream = pcclip.iter_difference_pairs(attrs, seed=3)
-  pairs = [next(stream) for _ in range(20)]
-  again = pcclip.iter_difference_pairs(attrs, seed=3)
-  assert pairs == [next(again) for _ in range(20)]
-  for i, j, text in pairs:
-    assert i != j
-    assert text == pcclip.difference_text(attrs[i], attrs[j])
-  assert list(pcclip.iter_difference_pairs([a, dict(a)], max_tries=5)) == []
-  assert pcclip.attribute_prompts()['thickness'] == (
-      'the first is drawn with thicker strokes')
