@@ -158,6 +158,7 @@ def test_sinkhorn_marginals_converge_to_uniform():
   assert errs[3] < 1e-5, errs
 
 
+@pytest.mark.slow  # imports ott-jax; the tests above check Algorithm 2
 def test_sinkhorn_plan_equals_ott_jax():
   """Converged Algorithm 2 == N x ott-jax's entropic plan with C = -S,
   epsilon = lam (absolute) and uniform marginals 1/N."""
@@ -265,8 +266,10 @@ OTTER_SHARDED = [((8,), ('x',), 'x', False),
                  ((8,), ('x',), 'x', True)]
 
 
-@pytest.mark.parametrize('shape,names,axis_name,probabilistic', OTTER_SHARDED,
-                         ids=['8', 'data2xfsdp4', '8-csd'])
+@pytest.mark.parametrize('shape,names,axis_name,probabilistic', [
+    pytest.param(*OTTER_SHARDED[0], id='8', marks=pytest.mark.slow),
+    pytest.param(*OTTER_SHARDED[1], id='data2xfsdp4'),
+    pytest.param(*OTTER_SHARDED[2], id='8-csd', marks=pytest.mark.slow)])
 def test_otter_blockwise_equals_dense(shape, names, axis_name, probabilistic):
   """Value, metrics and gradients (student arrays, scale) of the ring form
   equal the dense loss on the gathered batch."""
