@@ -45,6 +45,7 @@ training fine-tunes it with a fresh AdamW (the rule of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -355,7 +356,7 @@ def prepare_init_from(config, workdir: str):
   run_model = config.model.to_dict() if hasattr(config.model, 'to_dict') else {}
   model = dict(s.model, **{k: run_model[k] for k in ('compute_dtype', 'remat')
                            if k in run_model})
-  with config.unlocked() if hasattr(config, 'unlocked') else _null():
+  with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
     config.model = ml_collections.ConfigDict(model)
     tok = config.tokenizer
     tok.model_path = s.tokenizer_path
@@ -376,12 +377,3 @@ def prepare_init_from(config, workdir: str):
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('prolip_jax init_from')
   return config
-
-
-class _null:  # a do-nothing context manager
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False

@@ -341,6 +341,7 @@ def _random_model(tmp_path):
   return inference.LoadedModel(cfg, params, tok, batch_size=16)
 
 
+@pytest.mark.slow
 def test_sharded_scoring_matches_unsharded_and_embeddings(tmp_path):
   from prolip_jax import sharding  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top

@@ -130,6 +130,7 @@ def test_splits_by_concept():
 # Rendering.
 
 
+@pytest.mark.slow
 def test_renders_every_concept():
   images = emoji.images('train')
   heldout = emoji.images('heldout')

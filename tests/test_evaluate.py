@@ -220,6 +220,7 @@ def test_run_every_suite(workdir, tmp_path):
   assert table and 'metric' in table[0]
 
 
+@pytest.mark.slow
 def test_command_line(workdir, tmp_path):
   out = str(tmp_path / 'cli')
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
@@ -242,6 +243,7 @@ def test_command_line(workdir, tmp_path):
                                      'retrieval/csd_t2i_R@5'}
 
 
+@pytest.mark.slow
 def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
                                                               tmp_path):
   from prolip_jax import checkpoint  # pylint: disable=g-import-not-at-top
@@ -270,6 +272,7 @@ def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
   assert any('[filtering] skipped' in l for l in lines)
 
 
+@pytest.mark.slow
 def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
                                                                 tmp_path):
   """The emoji suite on a random model: the level and text-inclusion figures

@@ -133,6 +133,7 @@ def test_kill_9_at_random_moments_then_resume_is_bit_identical(tmp_path):
 # Non-finite steps
 
 
+@pytest.mark.slow
 def test_a_nan_step_changes_nothing_and_is_counted(tmp_path):
   cfg = micro_config(total_steps=6, debug_nan_steps=(3,),
                      checkpoint_every_steps=1, keep_checkpoints=10)
@@ -158,6 +159,7 @@ def test_a_nan_step_changes_nothing_and_is_counted(tmp_path):
   assert all(np.isfinite(x).all() for x in p4)
 
 
+@pytest.mark.slow
 def test_consecutive_nan_steps_stop_the_run_and_keep_the_good_checkpoint(
     tmp_path):
   cfg = micro_config(total_steps=12, debug_nan_steps=tuple(range(4, 13)),
@@ -173,6 +175,7 @@ def test_consecutive_nan_steps_stop_the_run_and_keep_the_good_checkpoint(
   assert not os.path.exists(tmp_path / '.lock')
 
 
+@pytest.mark.slow
 def test_divergence_from_the_command_line_is_one_error_line(tmp_path):
   code, out, err = _run_main(
       f'--config={MICRO}', f'--workdir={tmp_path}',
@@ -207,6 +210,7 @@ def _largest_file(directory):
   return max(files, key=os.path.getsize)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('damage', ['garble', 'truncate'])
 def test_unreadable_latest_checkpoint_falls_back_with_a_message(
     tmp_path, capfd, damage):
@@ -289,6 +293,7 @@ def test_second_run_on_a_held_workdir_is_refused_and_sigterm_exits_75(
   assert not os.path.exists(tmp_path / '.lock')
 
 
+@pytest.mark.slow
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, capfd):
   dead = subprocess.Popen([sys.executable, '-c', 'pass'])
   dead.wait()
@@ -304,6 +309,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, capfd):
 # Config drift, re-runs
 
 
+@pytest.mark.slow
 def test_resume_with_changed_shapes_is_refused_other_changes_apply(
     tmp_path, capfd):
   train.train_and_evaluate(micro_config(total_steps=3), str(tmp_path))
@@ -320,6 +326,7 @@ def test_resume_with_changed_shapes_is_refused_other_changes_apply(
   assert checkpoint.latest_step(str(tmp_path)) == 4
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_adds_no_rows(tmp_path):
   cfg = micro_config(total_steps=2)
   train.train_and_evaluate(cfg, str(tmp_path))
@@ -342,6 +349,7 @@ def test_rerunning_a_finished_run_adds_no_rows(tmp_path):
     (['--config.model.vision.patch_size=7'], 'multiple of'),
     (['--config.batch_size=abc'], 'batch_size'),
 ])
+@pytest.mark.slow
 def test_user_errors_are_one_line_with_status_2(tmp_path, args, expected):
   code, out, err = _run_main(f'--config={MICRO}', *args,
                              f'--workdir={tmp_path / "w"}')
@@ -352,6 +360,7 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, args, expected):
   assert not os.path.exists(tmp_path / 'w' / 'checkpoints')
 
 
+@pytest.mark.slow
 def test_help_and_print_config():
   code, out, _ = _run_main('--help')
   assert code == 0 and '--print_config' in out and '--config.KEY' in out
@@ -371,6 +380,7 @@ def test_help_and_print_config():
 # A clean first run
 
 
+@pytest.mark.slow
 def test_load_is_quiet_and_summary_is_labelled(tmp_path, capfd):
   cfg = micro_config(total_steps=2)
   train.train_and_evaluate(cfg, str(tmp_path))
@@ -386,6 +396,7 @@ def test_load_is_quiet_and_summary_is_labelled(tmp_path, capfd):
   assert captured.err == '' and captured.out == ''
 
 
+@pytest.mark.slow
 def test_export_paths_stay_inside_the_export_directory(tmp_path):
   import prolip_jax  # pylint: disable=g-import-not-at-top
   train.train_and_evaluate(micro_config(total_steps=1), str(tmp_path / 'w'))

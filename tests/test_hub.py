@@ -340,8 +340,12 @@ def _release_reference(model, family, tok_dir, images, texts):
   return tokens.numpy(), img, txt
 
 
-@pytest.mark.parametrize('family', ['B-16', 'B-16-long', 'SO400M-14',
-                                    'H-14-quickgelu'])
+# B-16 (the zero-shot check too) in the fast tier; the other geometries in
+# the slow one.
+@pytest.mark.parametrize('family', [
+    'B-16', pytest.param('B-16-long', marks=pytest.mark.slow),
+    pytest.param('SO400M-14', marks=pytest.mark.slow),
+    pytest.param('H-14-quickgelu', marks=pytest.mark.slow)])
 def test_release_snapshot_parity(family, tmp_path, tok_dir, offline):
   """load(snapshot dir) on raw strings and images == the release pipeline."""
   pytest.importorskip('torch')
@@ -457,6 +461,7 @@ def _load_module(relpath, name):
   return module
 
 
+@pytest.mark.slow
 def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
   """init_from a release-layout snapshot -> 3 steps -> export
   --hub_compatible -> load: finite, changed, and the reference agrees."""

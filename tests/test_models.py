@@ -200,6 +200,7 @@ def test_config_errors_are_clear():
                      jnp.zeros((1, 9), jnp.int32))
 
 
+@pytest.mark.slow
 def test_bf16_compute_keeps_fp32_params_and_tracks_fp32_outputs():
   cfg32 = _tiny()
   cfg16 = _tiny(compute_dtype='bfloat16')
@@ -216,6 +217,7 @@ def test_bf16_compute_keeps_fp32_params_and_tracks_fp32_outputs():
     assert not np.array_equal(a, b)  # bf16 really was used
 
 
+@pytest.mark.slow
 def test_remat_changes_memory_not_values_or_gradients():
   cfg = _tiny()
   params = init_params(cfg, jax.random.key(10))

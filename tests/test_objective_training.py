@@ -70,6 +70,7 @@ def test_pcme_needs_unc(tmp_path):
     train.train_and_evaluate(c, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_pcme_trains_and_loss_decreases(tmp_path):
   c = micro('pcme', 20)
   summary = train.train_and_evaluate(c, str(tmp_path))

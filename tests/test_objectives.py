@@ -158,6 +158,7 @@ def test_sinkhorn_marginals_converge_to_uniform():
   assert errs[3] < 1e-5, errs
 
 
+@pytest.mark.slow  # imports ott-jax; the tests above check Algorithm 2
 def test_sinkhorn_plan_equals_ott_jax():
   """Converged Algorithm 2 == N x ott-jax's entropic plan with C = -S,
   epsilon = lam (absolute) and uniform marginals 1/N."""
@@ -265,8 +266,10 @@ OTTER_SHARDED = [((8,), ('x',), 'x', False),
                  ((8,), ('x',), 'x', True)]
 
 
-@pytest.mark.parametrize('shape,names,axis_name,probabilistic', OTTER_SHARDED,
-                         ids=['8', 'data2xfsdp4', '8-csd'])
+@pytest.mark.parametrize('shape,names,axis_name,probabilistic', [
+    pytest.param(*OTTER_SHARDED[0], id='8', marks=pytest.mark.slow),
+    pytest.param(*OTTER_SHARDED[1], id='data2xfsdp4'),
+    pytest.param(*OTTER_SHARDED[2], id='8-csd', marks=pytest.mark.slow)])
 def test_otter_blockwise_equals_dense(shape, names, axis_name, probabilistic):
   """Value, metrics and gradients (student arrays, scale) of the ring form
   equal the dense loss on the gathered batch."""
@@ -620,39 +623,3 @@ def test_difference_classify_constructed_case():
       np.asarray(pcclip.difference_classify(g[j], g[i], u)), ~pred)
   # Ties (identical images) count as "first has more" (the >= of eq. 2).
   assert bool(pcclip.difference_classify(g[0], g[0], u))
-
-
-def test_difference_text_generator():
-  a = {'digit': 7, 'thickness': 'thick', 'width': 'narrow',
-       'position': 'center'}
-  b = {'digit': 2, 'thickness': 'thin', 'width': 'wide',
-       'position': 'center'}
-  assert pcclip.difference_texts(a, b) == [
-      'the first digit is larger than the second',
-      'the first is drawn with thicker strokes',
-      'the first digit is narrower than the second']
-  assert pcclip.difference_texts(b, a) == [
-      'the first digit is smaller than the second',
-      'the first is drawn with thinner strokes',
-      'the first digit is wider than the second']
-  assert pcclip.difference_text(a, dict(a)) is None
-  assert pcclip.difference_text(a, b, max_phrases=2) == (
-      'the first digit is larger than the second and the first is drawn '
-      'with thicker strokes')
-  color = pcclip.Attribute('color', categorical='the first is {a} while the '
-                           'second is {b}')
-  assert pcclip.difference_texts({'color': 'red'}, {'color': 'blue'},
-                                 (color,)) == [
-                                     'the first is red while the second is '
-                                     'blue']
-  attrs = [dict(a, digit=k % 10) for k in range(30)]
-  stream = pcclip.iter_difference_pairs(attrs, seed=3)
-  pairs = [next(stream) for _ in range(20)]
-  again = pcclip.iter_difference_pairs(attrs, seed=3)
-  assert pairs == [next(again) for _ in range(20)]
-  for i, j, text in pairs:
-    assert i != j
-    assert text == pcclip.difference_text(attrs[i], attrs[j])
-  assert list(pcclip.iter_difference_pairs([a, dict(a)], max_tries=5)) == []
-  assert pcclip.attribute_prompts()['thickness'] == (
-      'the first is drawn with thicker strokes')

@@ -6,7 +6,7 @@ with eq. 1, difference-based classification (eq. 2) of held-out pairs is
 clearly above the ~50% of a model that was not trained for it. Here the pairs
 are the bundled digits, the prompts "the first digit is larger than the
 second", "the first is drawn with thicker strokes", "the first digit is wider
-than the second" (``losses.pcclip.DIGIT_SCHEMA``).
+than the second" (``data.pairs.DIGIT_SCHEMA``).
 """
 
 import json
@@ -25,7 +25,6 @@ from prolip_jax.data import pipeline
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
-from prolip_jax.losses import pcclip
 
 from test_objective_training import load_config
 from test_objective_training import micro
@@ -50,9 +49,45 @@ def source():
 # Pair data
 
 
+def test_difference_text_generator():
+  a = {'digit': 7, 'thickness': 'thick', 'width': 'narrow',
+       'position': 'center'}
+  b = {'digit': 2, 'thickness': 'thin', 'width': 'wide',
+       'position': 'center'}
+  assert pairs.difference_texts(a, b) == [
+      'the first digit is larger than the second',
+      'the first is drawn with thicker strokes',
+      'the first digit is narrower than the second']
+  assert pairs.difference_texts(b, a) == [
+      'the first digit is smaller than the second',
+      'the first is drawn with thinner strokes',
+      'the first digit is wider than the second']
+  assert pairs.difference_text(a, dict(a)) is None
+  assert pairs.difference_text(a, b, max_phrases=2) == (
+      'the first digit is larger than the second and the first is drawn '
+      'with thicker strokes')
+  color = pairs.Attribute('color', categorical='the first is {a} while the '
+                          'second is {b}')
+  assert pairs.difference_texts({'color': 'red'}, {'color': 'blue'},
+                                (color,)) == [
+                                    'the first is red while the second is '
+                                    'blue']
+  attrs = [dict(a, digit=k % 10) for k in range(30)]
+  stream = pairs.iter_difference_pairs(attrs, seed=3)
+  drawn = [next(stream) for _ in range(20)]
+  again = pairs.iter_difference_pairs(attrs, seed=3)
+  assert drawn == [next(again) for _ in range(20)]
+  for i, j, text in drawn:
+    assert i != j
+    assert text == pairs.difference_text(attrs[i], attrs[j])
+  assert list(pairs.iter_difference_pairs([a, dict(a)], max_tries=5)) == []
+  assert pairs.attribute_prompts()['thickness'] == (
+      'the first is drawn with thicker strokes')
+
+
 def test_records_carry_the_schema_attributes(source):
   attrs = source[0]['attributes']
-  assert set(attrs) == {a.name for a in pcclip.DIGIT_SCHEMA}
+  assert set(attrs) == {a.name for a in pairs.DIGIT_SCHEMA}
   assert attrs['digit'] == source[0]['label']
   assert attrs['thickness'] in ('thin', 'medium', 'thick')
 
@@ -85,7 +120,7 @@ def test_pair_data_deterministic_by_step_and_true(source, tokenizer):
     texts.add(text)
     assert i != j
     # The text is one of the true differences of the two records' attributes.
-    assert text in pcclip.difference_texts(attrs[i], attrs[j])
+    assert text in pairs.difference_texts(attrs[i], attrs[j])
     np.testing.assert_array_equal(batch['pair_tokens'][row],
                                   tokenizer(text)[0])
     np.testing.assert_array_equal(
@@ -98,7 +133,7 @@ def test_pair_data_deterministic_by_step_and_true(source, tokenizer):
   # Every phrase is a schema phrase; with no cap they are all there.
   i, j, full = pairs.draw_difference_pair(attrs, 0, 3)
   assert sorted(full.replace(' and ', ', ').split(', ')) == sorted(
-      pcclip.difference_texts(attrs[i], attrs[j]))
+      pairs.difference_texts(attrs[i], attrs[j]))
 
 
 def test_pair_data_split_over_processes(source, tokenizer):
@@ -124,7 +159,7 @@ def test_with_difference_pairs_merges_per_step(source, tokenizer):
 
 def test_eval_pairs_balanced_and_labelled():
   attrs = digits.attributes('heldout')
-  thick = pcclip.DIGIT_SCHEMA[1]
+  thick = pairs.DIGIT_SCHEMA[1]
   i, j, more = pairs.difference_eval_pairs(attrs, thick, 400)
   order = thick.levels
   for a, b, m in zip(i[:50], j[:50], more[:50]):
@@ -132,7 +167,7 @@ def test_eval_pairs_balanced_and_labelled():
             > order.index(attrs[b]['thickness'])) == m
   assert 0.4 < more.mean() < 0.6
   # The bundled digits are all centred: no position pairs, no endless loop.
-  assert len(pairs.difference_eval_pairs(attrs, pcclip.DIGIT_SCHEMA[3],
+  assert len(pairs.difference_eval_pairs(attrs, pairs.DIGIT_SCHEMA[3],
                                          10)[0]) == 0
 
 

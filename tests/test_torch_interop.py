@@ -159,6 +159,7 @@ def _tree_equal(a, b):
 # Conversion
 
 
+@pytest.mark.slow
 def test_import_prolip_jax_is_torch_free():
   code = ('import sys, prolip_jax, prolip_jax.convert, '
           'prolip_jax.torch_reference; '
@@ -236,6 +237,7 @@ def test_missing_and_unexpected_keys_in_one_error():
           'found (5,)') in msg
 
 
+@pytest.mark.slow
 def test_clip_source_into_prolip_creates_and_reshapes():
   src_cfg = TINY_VARIANTS['clip_argmax']
   tgt_cfg = dataclasses.replace(
@@ -354,6 +356,7 @@ def test_parity_tiny(name):
                 _torch_encode(model.eval(), images, tokens), cfg.use_unc)
 
 
+@pytest.mark.slow  # B/16 widths: a real-size compile
 @pytest.mark.parametrize('release_compat', [False, True],
                          ids=['paper', 'release'])
 def test_parity_b16_two_layers(release_compat):
@@ -383,6 +386,7 @@ def clip_config():
   return _load_module('configs/clip_b16_openclip.py', 'clip_b16_openclip')
 
 
+@pytest.mark.slow
 def test_open_clip_vit_b16(clip_config):
   open_clip = pytest.importorskip('open_clip')
   torch.manual_seed(0)
@@ -445,6 +449,7 @@ def _config(tmp_path, cfg):
   return _load_module(_write_config(tmp_path, cfg), 'cfg').get_config()
 
 
+@pytest.mark.slow
 def test_export_then_reference_load(tmp_path, export_tool):
   cfg = TINY_VARIANTS['release']
   params = _random_params(cfg, seed=3)
@@ -479,6 +484,7 @@ def test_export_then_reference_load(tmp_path, export_tool):
                 _torch_encode(model, images, tokens), True)
 
 
+@pytest.mark.slow
 def test_import_tool_cli(tmp_path):
   """Command line: safetensors + config + override -> step-0 checkpoint."""
   cfg = TINY

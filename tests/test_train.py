@@ -39,6 +39,7 @@ def _params(workdir):
   return jax.tree.map(np.asarray, params), meta
 
 
+@pytest.mark.slow
 def test_resumed_run_matches_uninterrupted_run(tmp_path):
   cfg = micro_config(total_steps=6)
   full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
@@ -155,6 +156,7 @@ def test_masked_rows_do_not_depend_on_the_number_of_shards():
     prolip_objective.masking_stride(0.3)
 
 
+@pytest.mark.slow
 def test_logit_scale_is_clamped_after_the_update(tmp_path):
   cfg = micro_config(total_steps=2)
   cfg.model.init_logit_scale = 200.0  # above the clamp of 100
@@ -171,6 +173,7 @@ def _tool(name):
   return module
 
 
+@pytest.mark.slow
 def test_export_import_and_finetune_round_trip(tmp_path):
   """Train -> export (safetensors) -> load() the export -> import into a new
   workdir -> fine-tune from it with a fresh optimizer."""
@@ -225,6 +228,7 @@ def _digit_shards(directory, n_good=48, corrupt_every=4):
   return os.path.join(directory, '*.array_record')
 
 
+@pytest.mark.slow
 def test_array_record_training_counts_and_stops_on_bad_records(tmp_path):
   from prolip_jax.data import records  # pylint: disable=g-import-not-at-top
   os.makedirs(tmp_path / 'shards')
@@ -247,6 +251,7 @@ def test_array_record_training_counts_and_stops_on_bad_records(tmp_path):
   assert checkpoint.latest_step(str(tmp_path / 'stop')) in (0, 1)
 
 
+@pytest.mark.slow
 def test_colour_on_device_plumbing_gives_the_host_run(tmp_path):
   """`data.color_on_device` sends the jitter order with the batch and the
   train step applies it; with nothing to apply (no jitter, no grayscale) the

@@ -73,8 +73,49 @@ def _heldout_batch(tokenizer, image_size, n=40, num_views=3, seed=123):
   return ds[0]
 
 
+def _mean_scores(z_views: np.ndarray, z_txt: np.ndarray, temperatures,
+                 offsets) -> dict[str, float]:
+  """Diagnostics of eq. 16's log-scores on one batch.
+
+  For every anchor: its mean log-score to its positives (other views of its
+  image, and image <-> caption) and to its negatives, per domain pair.
+  Returns ``{'pos_ii', 'neg_ii', 'pos_it', 'neg_it', 'above_ii',
+  'above_it', 'margin_min', 'margin_mean'}``: the margins are (positive - the
+  anchor's mean negative of the same domain pair) over all positive pairs
+  i != j, smallest and mean, ``above_*`` the fraction of them above zero;
+  training drives them up.
+  """
+  z_views = np.asarray(z_views, np.float32)  # (b, V, E)
+  b, v, e = z_views.shape
+  z = np.concatenate([z_views.reshape(b * v, e), np.asarray(z_txt)], 0)
+  domains = np.concatenate([np.zeros(b * v, np.int32), np.ones(b, np.int32)])
+  ids = np.concatenate([np.repeat(np.arange(b), v), np.arange(b)])
+  logits = np.asarray(uniclip_loss.domain_logits(z, domains, temperatures,
+                                                 offsets))
+  pair = domains[:, None] + domains[None, :]
+  same = ids[:, None] == ids[None, :]
+  off_diag = ~np.eye(len(z), dtype=bool)
+  out = {}
+  margins = []
+  for k, name in ((0, 'ii'), (1, 'it')):
+    pos = same & off_diag & (pair == k)
+    neg = ~same & (pair == k)
+    out[f'pos_{name}'] = float(logits[pos].mean())
+    out[f'neg_{name}'] = float(logits[neg].mean())
+    # Per anchor row: each positive against the row's mean negative.
+    row_neg = np.where(neg, logits, 0).sum(1) / np.maximum(neg.sum(1), 1)
+    rows, cols = np.nonzero(pos)
+    margin = logits[rows, cols] - row_neg[rows]
+    out[f'above_{name}'] = float(np.mean(margin > 0))
+    margins.append(margin)
+  margins = np.concatenate(margins)
+  out['margin_min'] = float(margins.min())
+  out['margin_mean'] = float(margins.mean())
+  return out
+
+
 def _scores(model, params_list, config, batch):
-  """``uniclip_train.mean_scores`` of ``batch`` under each parameter set."""
+  """``_mean_scores`` of ``batch`` under each parameter set."""
 
   @jax.jit
   def embed(params, batch):
@@ -88,7 +129,7 @@ def _scores(model, params_list, config, batch):
   out = []
   for params in params_list:
     (z_views, z_txt), (tau, offset) = embed(params, batch)
-    out.append(uniclip_train.mean_scores(z_views, z_txt, tau, offset))
+    out.append(_mean_scores(z_views, z_txt, tau, offset))
   return out
 
 

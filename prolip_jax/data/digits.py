@@ -110,7 +110,7 @@ def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
 
 def attributes(name: str) -> list[dict]:
   """Per image of a split, ``{'digit': int, 'thickness', 'width',
-  'position'}``: the keys of ``losses.pcclip.DIGIT_SCHEMA``, measured on the
+  'position'}``: the keys of ``data.pairs.DIGIT_SCHEMA``, measured on the
   un-augmented image (thresholds from the train split)."""
   return _measured(*split(name))
 

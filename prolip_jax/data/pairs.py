@@ -4,8 +4,9 @@ Sam et al., "Finetuning CLIP to Reason about Pairwise Differences": eq. 1
 aligns g(I_i) - g(I_j) with f(T_ij), where an LLM wrote T_ij from the two
 captions. Here T_ij comes from structured attributes of the records
 (``records[k]['attributes']``, e.g. the digits' value, thickness, width and
-position) through ``losses.pcclip.iter_difference_pairs``, so every text is
-true of its two images by construction.
+position) through ``iter_difference_pairs`` and a schema of phrases
+(``DIGIT_SCHEMA`` for the bundled digits), so every text is true of its two
+images by construction.
 
 Like ``pipeline.train_dataset``, ``difference_pair_dataset`` is a random-access
 ``grain.MapDataset`` whose element ``step`` is that step's local batch of
@@ -17,25 +18,145 @@ image-caption batches, step by step.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import grain
 import numpy as np
 
 from prolip_jax.data import pipeline
+from prolip_jax.data import records
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
-from prolip_jax.losses import pcclip
 
 # Mixed into the pair RNG seed so that the pair stream is not correlated with
 # the main stream (which Grain seeds with the bare ``seed``).
 _PAIR_SALT = 0x9C11
 
 
+@dataclasses.dataclass(frozen=True)
+class Attribute:
+  """How one attribute compares across a pair of images.
+
+  ``levels`` orders the values of an ordinal attribute (None: numeric, values
+  compared directly, or categorical when ``more``/``less`` are None).
+  ``more`` / ``less`` describe the FIRST image having the higher / lower
+  value; ``categorical`` is a template with ``{a}`` (first) and ``{b}``
+  (second) for unordered values.
+  """
+  name: str
+  levels: Optional[tuple[Any, ...]] = None
+  more: Optional[str] = None
+  less: Optional[str] = None
+  categorical: Optional[str] = None
+
+  def compare(self, a: Any, b: Any) -> Optional[str]:
+    """The phrase for (first = a, second = b), or None when equal."""
+    if a == b:
+      return None
+    if self.more is None:
+      return self.categorical.format(a=a, b=b)
+    if self.levels is not None:
+      a, b = self.levels.index(a), self.levels.index(b)
+    return self.more if a > b else self.less
+
+
+# The bundled digits: the value and the thickness / width / position words
+# that ``prolip_jax.data.digits`` measures on each image.
+DIGIT_SCHEMA: tuple[Attribute, ...] = (
+    Attribute('digit', None,
+              'the first digit is larger than the second',
+              'the first digit is smaller than the second'),
+    Attribute('thickness', ('thin', 'medium', 'thick'),
+              'the first is drawn with thicker strokes',
+              'the first is drawn with thinner strokes'),
+    Attribute('width', ('narrow', 'regular', 'wide'),
+              'the first digit is wider than the second',
+              'the first digit is narrower than the second'),
+    Attribute('position', ('left', 'center', 'right'),
+              'the first digit sits further to the right',
+              'the first digit sits further to the left'),
+)
+
+
+def difference_texts(attrs_first: Mapping[str, Any],
+                     attrs_second: Mapping[str, Any],
+                     schema: Sequence[Attribute] = DIGIT_SCHEMA) -> list[str]:
+  """One phrase per attribute that differs, in schema order.
+
+  Attributes missing from either mapping are skipped. E.g. for digits
+  ``{'digit': 7, 'thickness': 'thick', ...}`` vs ``{'digit': 2, 'thickness':
+  'thin', ...}`` -> ['the first digit is larger than the second', 'the first
+  is drawn with thicker strokes', ...].
+  """
+  out = []
+  for attr in schema:
+    if attr.name in attrs_first and attr.name in attrs_second:
+      phrase = attr.compare(attrs_first[attr.name], attrs_second[attr.name])
+      if phrase is not None:
+        out.append(phrase)
+  return out
+
+
+def difference_text(attrs_first: Mapping[str, Any],
+                    attrs_second: Mapping[str, Any],
+                    schema: Sequence[Attribute] = DIGIT_SCHEMA,
+                    max_phrases: Optional[int] = None) -> Optional[str]:
+  """The difference phrases joined into one caption T_ij ('; ' then ' and '),
+  or None when the two images do not differ in any schema attribute."""
+  phrases = difference_texts(attrs_first, attrs_second, schema)
+  if max_phrases is not None:
+    phrases = phrases[:max_phrases]
+  if not phrases:
+    return None
+  if len(phrases) == 1:
+    return phrases[0]
+  return ', '.join(phrases[:-1]) + ' and ' + phrases[-1]
+
+
+def attribute_prompts(schema: Sequence[Attribute] = DIGIT_SCHEMA
+                      ) -> dict[str, str]:
+  """Per ordered attribute, the 'first has more' text for eq. 2's T."""
+  return {a.name: a.more for a in schema if a.more is not None}
+
+
+def iter_difference_pairs(attributes: Sequence[Mapping[str, Any]],
+                          seed: int = 0,
+                          schema: Sequence[Attribute] = DIGIT_SCHEMA,
+                          max_phrases: Optional[int] = None,
+                          max_tries: int = 100
+                          ) -> Iterator[tuple[int, int, str]]:
+  """Endless stream of ``(i, j, T_ij)``: random ordered pairs i != j of
+  differing items with their difference caption.
+
+  Args:
+    attributes: per-item attribute mappings (e.g. digit records' attributes
+      plus ``'digit': label``).
+    seed: seed of the Python RNG drawing the pairs (deterministic stream).
+    schema, max_phrases: see ``difference_text``.
+    max_tries: give up (StopIteration) after this many consecutive draws of
+      identical pairs, e.g. when every item is the same.
+  """
+  rng = random.Random(seed)
+  n = len(attributes)
+  if n < 2:
+    return
+  misses = 0
+  while misses < max_tries:
+    i, j = rng.sample(range(n), 2)
+    text = difference_text(attributes[i], attributes[j], schema, max_phrases)
+    if text is None:
+      misses += 1
+      continue
+    misses = 0
+    yield i, j, text
+
+
 def draw_difference_pair(attributes: Sequence[Mapping[str, Any]], seed: int,
                          index: int,
-                         schema: Sequence[pcclip.Attribute] = pcclip.DIGIT_SCHEMA,
+                         schema: Sequence[Attribute] = DIGIT_SCHEMA,
                          max_phrases: int = 0) -> tuple[int, int, str]:
   """Pair ``index`` of the stream ``seed``: ``(i, j, T_ij)``, a pure function.
 
@@ -59,7 +180,7 @@ def draw_difference_pair(attributes: Sequence[Mapping[str, Any]], seed: int,
   rng = np.random.default_rng([_PAIR_SALT, seed, index])
   order = rng.permutation(len(schema))
   shuffled = [schema[o] for o in order]
-  stream = pcclip.iter_difference_pairs(
+  stream = iter_difference_pairs(
       attributes, seed=int(rng.integers(2**62)), schema=shuffled,
       max_phrases=max_phrases or None)
   try:
@@ -90,7 +211,7 @@ class _PairBuilder:
     # whole image, and a random crop can move or rescale the digit (changing
     # its true position/width relative to the text).
     view = lambda k: transforms.eval_view(
-        pipeline.decode_image(self.source[k]['image']), self.image_size)
+        records.decode_image(self.source[k]['image']), self.image_size)
     return {'pair_image_i': view(i), 'pair_image_j': view(j),
             'pair_tokens': self.tokenizer(text)[0]}
 
@@ -111,8 +232,7 @@ def record_attributes(source: Sequence[dict]) -> list[Mapping[str, Any]]:
 def difference_pair_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
                             image_size: int, global_batch_size: int,
                             seed: int,
-                            schema: Sequence[pcclip.Attribute] = (
-                                pcclip.DIGIT_SCHEMA),
+                            schema: Sequence[Attribute] = DIGIT_SCHEMA,
                             max_phrases: int = 0,
                             attributes: Optional[Sequence[Mapping]] = None,
                             process_index: int = 0, process_count: int = 1
@@ -181,8 +301,8 @@ def pcclip_train_dataset(config, dataset: grain.MapDataset,
   return with_difference_pairs(dataset, pairs)
 
 
-def difference_corpus(schema: Sequence[pcclip.Attribute] = (
-    pcclip.DIGIT_SCHEMA), repeats: int = 50) -> list[str]:
+def difference_corpus(schema: Sequence[Attribute] = DIGIT_SCHEMA,
+                      repeats: int = 50) -> list[str]:
   """Every phrase of ``schema`` (``repeats`` times, so sentencepiece gives
   their words pieces of their own): added to the tokenizer's training corpus
   for PC-CLIP runs."""
@@ -193,7 +313,7 @@ def difference_corpus(schema: Sequence[pcclip.Attribute] = (
 
 
 def difference_eval_pairs(attributes: Sequence[Mapping[str, Any]],
-                          attribute: pcclip.Attribute, num_pairs: int,
+                          attribute: Attribute, num_pairs: int,
                           seed: int = 0) -> tuple[np.ndarray, np.ndarray,
                                                   np.ndarray]:
   """Held-out pairs for eq. 2 on one ordered attribute.

@@ -9,23 +9,14 @@ Records are dicts with ``image`` (HxWx3 uint8 array, or encoded bytes) and
 
 from __future__ import annotations
 
-import io
 from typing import Any, Iterator, Optional, Sequence
 
 import grain
 import numpy as np
-from PIL import Image
 
+from prolip_jax.data import records
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
-
-
-def decode_image(image: Any) -> np.ndarray:
-  """HxWx3 uint8 from an array or from encoded (JPEG/PNG) bytes."""
-  if isinstance(image, (bytes, bytearray)):
-    with Image.open(io.BytesIO(image)) as img:
-      return np.asarray(img.convert('RGB'), np.uint8)
-  return np.asarray(image, np.uint8)
 
 
 def _caption(record: dict, rng: Optional[np.random.Generator]) -> str:
@@ -56,7 +47,7 @@ class TrainTransform(grain.transforms.RandomMap):
     self.num_views = num_views
 
   def random_map(self, element, rng: np.random.Generator):
-    image = decode_image(element['image'])
+    image = records.decode_image(element['image'])
     # Views draw from the one per-element RNG in turn, then the caption: for
     # V = 1 the draws (and the output) are exactly the single-view ones.
     views = [transforms.train_view_and_order(image, self.image_size, rng,
@@ -128,4 +119,4 @@ def eval_images(images: Sequence[Any], image_size: int,
   torchvision resize + centre crop, ``transforms.release_eval_view``).
   """
   fn = transforms.EVAL_VIEWS[view]
-  return np.stack([fn(decode_image(x), image_size) for x in images])
+  return np.stack([fn(records.decode_image(x), image_size) for x in images])

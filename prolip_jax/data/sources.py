@@ -46,12 +46,10 @@ def _checked(source, config) -> records.CheckedSource:
   # records.train_min_pixels): the crop is then drawn on the smaller image.
   # A config without the image size (a data-only config) decodes in full.
   image_size = config.get('model', {}).get('vision', {}).get('image_size')
-  min_pixels = 0
-  if image_size:
-    defaults = transforms.AugmentConfig()
-    min_pixels = records.train_min_pixels(
-        image_size, tuple(_get(data, 'crop_scale')),
-        defaults.crop_ratio)
+  defaults = transforms.AugmentConfig()
+  min_pixels = records.train_min_pixels(
+      image_size, tuple(_get(data, 'crop_scale')),
+      defaults.crop_ratio) if image_size else 0
   return records.CheckedSource(
       source, max_bad_fraction=float(_get(data, 'max_bad_fraction')),
       warmup=int(_get(data, 'bad_record_warmup')), min_pixels=min_pixels)

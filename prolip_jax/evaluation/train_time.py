@@ -133,7 +133,7 @@ def difference_classification_digits(encoders: Encoders, tokenizer, config,
                                      ) -> dict[str, float]:
   """PC-CLIP's difference-based classification (eq. 2) on the digits.
 
-  For each ordered attribute of ``losses.pcclip.DIGIT_SCHEMA`` that varies
+  For each ordered attribute of ``data.pairs.DIGIT_SCHEMA`` that varies
   over ``split`` (digit value, thickness, width; the bundled digits are all
   centred, so position never differs): ``num_pairs`` random ordered pairs of
   ``split`` images that differ in it, the prompt T = the attribute's "first
@@ -148,7 +148,7 @@ def difference_classification_digits(encoders: Encoders, tokenizer, config,
   attrs = digits.attributes(split)
   g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
   out = {}
-  for attr in pcclip.DIGIT_SCHEMA:
+  for attr in pairs.DIGIT_SCHEMA:
     if attr.more is None:
       continue
     f_t = np.asarray(enc_txt(tokenizer([attr.more]))[0])[0]

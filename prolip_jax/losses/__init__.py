@@ -34,7 +34,6 @@ from prolip_jax.losses.otter import sinkhorn
 from prolip_jax.losses.pcclip import comparative_prompt
 from prolip_jax.losses.pcclip import difference_alignment_loss
 from prolip_jax.losses.pcclip import difference_classify
-from prolip_jax.losses.pcclip import difference_text
 from prolip_jax.losses.pcme import pcme_pml_logits
 from prolip_jax.losses.pcme import pcme_pml_loss
 from prolip_jax.losses.pcme import pcme_pml_loss_blockwise
@@ -50,7 +49,7 @@ __all__ = [
     'sigmoid_pairwise_loss_sum', 'siglip_logits', 'siglip_loss',
     'siglip_loss_blockwise', 'vib_loss',
     'comparative_prompt', 'difference_alignment_loss', 'difference_classify',
-    'difference_text', 'ema_update', 'mp_nce_loss', 'mp_nce_loss_sharded',
+    'ema_update', 'mp_nce_loss', 'mp_nce_loss_sharded',
     'otter_loss', 'otter_loss_blockwise', 'otter_similarity', 'otter_targets',
     'pcme_pml_logits', 'pcme_pml_loss', 'pcme_pml_loss_blockwise', 'sinkhorn',
 ]

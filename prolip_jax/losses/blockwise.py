@@ -106,7 +106,7 @@ __all__ = ['clip_loss_blockwise', 'ppcl_loss_blockwise',
            'prolip_loss_blockwise']
 
 
-def _axis(axis_name: AxisName):
+def hashable_axis(axis_name: AxisName):
   """A hashable axis name: one name, or a tuple of names."""
   if isinstance(axis_name, (list, tuple)):
     return tuple(axis_name)
@@ -248,7 +248,7 @@ def clip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
   Returns:
     scalar float32 loss of the global batch, identical on every device.
   """
-  axis_name = _axis(axis_name)
+  axis_name = hashable_axis(axis_name)
   emb_img = jnp.asarray(emb_img, jnp.float32)
   emb_txt = jnp.asarray(emb_txt, jnp.float32)
   b = emb_img.shape[0]
@@ -323,7 +323,7 @@ def ppcl_loss_blockwise(mu_img: Array, logvar_img: Array, mu_txt: Array,
   Returns:
     scalar float32 loss of the global batch, the same on every device.
   """
-  axis_name = _axis(axis_name)
+  axis_name = hashable_axis(axis_name)
   return _ring_sigmoid_loss(
       lambda img, txt: ppcl_logits(img[0], img[1], txt[0], txt[1], scale,
                                    bias),
@@ -346,7 +346,7 @@ def siglip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
   Returns:
     scalar float32 loss of the global batch, the same on every device.
   """
-  axis_name = _axis(axis_name)
+  axis_name = hashable_axis(axis_name)
   return _ring_sigmoid_loss(
       lambda img, txt: siglip_logits(img, txt, scale, bias), emb_img, emb_txt,
       axis_name)
@@ -396,7 +396,7 @@ def prolip_loss_blockwise(img: GaussianBatch, txt: GaussianBatch,
     ``(total, metrics)``, identical on every device; metrics holds every
     unweighted global term, ``loss`` and (with ``guard``) ``guard_dropped``.
   """
-  axis_name = _axis(axis_name)
+  axis_name = hashable_axis(axis_name)
   terms = {'ppcl': ppcl_loss_blockwise(img.mu, img.logvar, txt.mu,
                                        txt.logvar, scale, bias, axis_name)}
   local = prolip_regularizers(img, txt, img_masked, txt_masked, c=c, eps=eps,

@@ -15,6 +15,12 @@ from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
 Array = jax.Array
 
 
+def unit_rows(x: Array) -> Array:
+  """``x / ||x||`` along the last axis in float32 (a zero row stays zero)."""
+  x = jnp.asarray(x, jnp.float32)
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
 def siglip_logits(emb_img: Array, emb_txt: Array, scale: Array,
                   bias: Array) -> Array:
   """``(n, m)`` logits ``scale * img @ txt.T + bias`` in float32."""

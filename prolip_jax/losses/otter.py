@@ -38,9 +38,11 @@ from typing import Any, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.losses.blockwise import hashable_axis
 from prolip_jax.losses.blockwise import ring_fold as _ring_fold
 from prolip_jax.losses.blockwise import varying as _varying
 from prolip_jax.losses.probabilistic import ppcl_logits
+from prolip_jax.losses.probabilistic import to_float32
 
 Array = jax.Array
 AxisName = Union[str, Sequence[str]]
@@ -56,10 +58,6 @@ __all__ = ['sinkhorn', 'otter_similarity', 'otter_targets', 'otter_loss',
            'otter_loss_blockwise', 'ema_update']
 
 
-def _f32(*xs):
-  return tuple(jnp.asarray(x, jnp.float32) for x in xs)
-
-
 def _lse(x, axis=None, keepdims=False):
   return jax.nn.logsumexp(x, axis=axis, keepdims=keepdims)
 
@@ -71,7 +69,7 @@ def _lse(x, axis=None, keepdims=False):
 def log_sinkhorn(S: Array, lam: float = OTTER_LAMBDA,
                  n_iter: int = OTTER_ITERS) -> Array:
   """Log of ``sinkhorn(S, lam, n_iter)``; see there. ``(N, N)`` float32."""
-  (S,) = _f32(S)
+  (S,) = to_float32(S)
   n = S.shape[0]
   log_n = math.log(n)
   # T = exp(S / lambda); T = T / T.sum()
@@ -144,7 +142,7 @@ def otter_similarity(img_t: Array, txt_t: Array, gamma_v: float = 1.0,
   Returns:
     two ``(N, N)`` float32 matrices.
   """
-  img_t, txt_t = _f32(img_t, txt_t)
+  img_t, txt_t = to_float32(img_t, txt_t)
   sim_vv = img_t @ img_t.T
   sim_tt = txt_t @ txt_t.T
   sim_vt = img_t @ txt_t.T
@@ -176,7 +174,7 @@ def otter_targets(img_t: Array, txt_t: Array, lam: float = OTTER_LAMBDA,
   Returns:
     ``(M_v, M_t)``, each ``(N, N)`` float32.
   """
-  img_t, txt_t = jax.lax.stop_gradient(_f32(img_t, txt_t))
+  img_t, txt_t = jax.lax.stop_gradient(to_float32(img_t, txt_t))
   s_v, s_t = otter_similarity(img_t, txt_t, gamma_v, gamma_t, eta)
   eye = jnp.eye(s_v.shape[0], dtype=bool)
   m_v = jnp.where(eye, 0.0, sinkhorn(s_v, lam, n_iter))
@@ -193,7 +191,7 @@ def _student_logits(img, txt, scale, logvar_img, logvar_txt):
   if (logvar_img is None) != (logvar_txt is None):
     raise ValueError('give both logvar_img and logvar_txt, or neither')
   if logvar_img is None:
-    img, txt = _f32(img, txt)
+    img, txt = to_float32(img, txt)
     return scale * (img @ txt.T)
   return ppcl_logits(img, logvar_img, txt, logvar_txt, scale, 0.0)
 
@@ -264,12 +262,6 @@ def ema_update(teacher_params: Any, student_params: Any,
 
 # ----------------------------------------------------------------------------
 # Blockwise (ring) form
-
-
-def _axis(axis_name: AxisName):
-  if isinstance(axis_name, (list, tuple)):
-    return tuple(axis_name)
-  return axis_name
 
 
 def _row_features(r, o):
@@ -428,18 +420,18 @@ def otter_loss_blockwise(img: Array, txt: Array, img_t: Array, txt_t: Array,
   Returns:
     ``(loss, metrics)`` of the global batch, identical on every device.
   """
-  axis_name = _axis(axis_name)
+  axis_name = hashable_axis(axis_name)
   if (logvar_img is None) != (logvar_txt is None):
     raise ValueError('give both logvar_img and logvar_txt, or neither')
   b = img.shape[0]
   n_dev = int(jax.lax.axis_size(axis_name))
-  img_t, txt_t = jax.lax.stop_gradient(_f32(img_t, txt_t))
+  img_t, txt_t = jax.lax.stop_gradient(to_float32(img_t, txt_t))
   if logvar_img is None:
-    stu_img, stu_txt = _f32(img, txt)
+    stu_img, stu_txt = to_float32(img, txt)
     logits_fn = lambda rows, cols: scale * (rows @ cols.T)
   else:
-    stu_img = _f32(img, logvar_img)
-    stu_txt = _f32(txt, logvar_txt)
+    stu_img = to_float32(img, logvar_img)
+    stu_txt = to_float32(txt, logvar_txt)
     logits_fn = lambda rows, cols: ppcl_logits(rows[0], rows[1], cols[0],
                                                cols[1], scale, 0.0)
   common = dict(lam=lam, n_iter=n_iter, eta=eta, axis_name=axis_name)

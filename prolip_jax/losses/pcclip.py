@@ -13,23 +13,20 @@ g is the image encoder, f the text encoder (L2-normalised outputs).
 * Eq. 3 (comparative prompting): f'_A = alpha f_A + (1 - alpha)(f_B - f_{B-A}),
   alpha = 0.9 in the paper's reported results.
 
-The paper generates T_ij with an LLM from caption pairs. Here
-``difference_texts`` / ``iter_difference_pairs`` build them from structured
-attributes instead (pure Python, deterministic given a seed), with a schema for
-the bundled MNIST digits (``DIGIT_SCHEMA``: the digit's value and the
-thickness / width / position words of ``prolip_jax.data.digits``).
+The paper generates T_ij with an LLM from caption pairs. Here they are built
+from structured attributes instead, by ``prolip_jax.data.pairs`` (the data
+side; this module only holds the objective and eq. 2-3).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import random
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
 from prolip_jax.losses.contrastive import clip_loss
+from prolip_jax.losses.contrastive import unit_rows
 
 Array = jax.Array
 
@@ -37,14 +34,7 @@ PCCLIP_TAU = 1.0  # appendix C.1: temperature of the contrastive loss
 PCCLIP_ALPHA = 0.9  # appendix C.1: comparative prompting weight reported
 
 __all__ = ['difference_alignment_loss', 'difference_classify',
-           'comparative_prompt', 'Attribute', 'DIGIT_SCHEMA',
-           'difference_texts', 'difference_text', 'attribute_prompts',
-           'iter_difference_pairs']
-
-
-def _unit(x):
-  x = jnp.asarray(x, jnp.float32)
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+           'comparative_prompt']
 
 
 def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
@@ -81,8 +71,8 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
   x = jnp.asarray(img_i_emb, jnp.float32) - jnp.asarray(img_j_emb,
                                                        jnp.float32)
   if normalize:
-    x = _unit(x)
-  y = _unit(diff_txt_emb)
+    x = unit_rows(x)
+  y = unit_rows(diff_txt_emb)
   if squared:
     loss = jnp.mean(jnp.sum((x - y)**2, axis=-1))
     return loss if axis_name is None else jax.lax.pmean(loss, axis_name)
@@ -132,124 +122,4 @@ def comparative_prompt(f_a: Array, f_b: Array, f_b_minus_a: Array,
   f_a, f_b, f_ba = (jnp.asarray(x, jnp.float32) for x in (f_a, f_b,
                                                           f_b_minus_a))
   out = alpha * f_a + (1.0 - alpha) * (f_b - f_ba)
-  return _unit(out) if normalize else out
-
-
-# ----------------------------------------------------------------------------
-# Difference texts from structured attributes (pure Python)
-
-
-@dataclasses.dataclass(frozen=True)
-class Attribute:
-  """How one attribute compares across a pair of images.
-
-  ``levels`` orders the values of an ordinal attribute (None: numeric, values
-  compared directly, or categorical when ``more``/``less`` are None).
-  ``more`` / ``less`` describe the FIRST image having the higher / lower
-  value; ``categorical`` is a template with ``{a}`` (first) and ``{b}``
-  (second) for unordered values.
-  """
-  name: str
-  levels: Optional[tuple[Any, ...]] = None
-  more: Optional[str] = None
-  less: Optional[str] = None
-  categorical: Optional[str] = None
-
-  def compare(self, a: Any, b: Any) -> Optional[str]:
-    """The phrase for (first = a, second = b), or None when equal."""
-    if a == b:
-      return None
-    if self.more is None:
-      return self.categorical.format(a=a, b=b)
-    if self.levels is not None:
-      a, b = self.levels.index(a), self.levels.index(b)
-    return self.more if a > b else self.less
-
-
-DIGIT_SCHEMA: tuple[Attribute, ...] = (
-    Attribute('digit', None,
-              'the first digit is larger than the second',
-              'the first digit is smaller than the second'),
-    Attribute('thickness', ('thin', 'medium', 'thick'),
-              'the first is drawn with thicker strokes',
-              'the first is drawn with thinner strokes'),
-    Attribute('width', ('narrow', 'regular', 'wide'),
-              'the first digit is wider than the second',
-              'the first digit is narrower than the second'),
-    Attribute('position', ('left', 'center', 'right'),
-              'the first digit sits further to the right',
-              'the first digit sits further to the left'),
-)
-
-
-def difference_texts(attrs_first: Mapping[str, Any],
-                     attrs_second: Mapping[str, Any],
-                     schema: Sequence[Attribute] = DIGIT_SCHEMA) -> list[str]:
-  """One phrase per attribute that differs, in schema order.
-
-  Attributes missing from either mapping are skipped. E.g. for digits
-  ``{'digit': 7, 'thickness': 'thick', ...}`` vs ``{'digit': 2, 'thickness':
-  'thin', ...}`` -> ['the first digit is larger than the second', 'the first
-  is drawn with thicker strokes', ...].
-  """
-  out = []
-  for attr in schema:
-    if attr.name in attrs_first and attr.name in attrs_second:
-      phrase = attr.compare(attrs_first[attr.name], attrs_second[attr.name])
-      if phrase is not None:
-        out.append(phrase)
-  return out
-
-
-def difference_text(attrs_first: Mapping[str, Any],
-                    attrs_second: Mapping[str, Any],
-                    schema: Sequence[Attribute] = DIGIT_SCHEMA,
-                    max_phrases: Optional[int] = None) -> Optional[str]:
-  """The difference phrases joined into one caption T_ij ('; ' then ' and '),
-  or None when the two images do not differ in any schema attribute."""
-  phrases = difference_texts(attrs_first, attrs_second, schema)
-  if max_phrases is not None:
-    phrases = phrases[:max_phrases]
-  if not phrases:
-    return None
-  if len(phrases) == 1:
-    return phrases[0]
-  return ', '.join(phrases[:-1]) + ' and ' + phrases[-1]
-
-
-def attribute_prompts(schema: Sequence[Attribute] = DIGIT_SCHEMA
-                      ) -> dict[str, str]:
-  """Per ordered attribute, the 'first has more' text for eq. 2's T."""
-  return {a.name: a.more for a in schema if a.more is not None}
-
-
-def iter_difference_pairs(attributes: Sequence[Mapping[str, Any]],
-                          seed: int = 0,
-                          schema: Sequence[Attribute] = DIGIT_SCHEMA,
-                          max_phrases: Optional[int] = None,
-                          max_tries: int = 100
-                          ) -> Iterator[tuple[int, int, str]]:
-  """Endless stream of ``(i, j, T_ij)``: random ordered pairs i != j of
-  differing items with their difference caption.
-
-  Args:
-    attributes: per-item attribute mappings (e.g. digit records' attributes
-      plus ``'digit': label``).
-    seed: seed of the Python RNG drawing the pairs (deterministic stream).
-    schema, max_phrases: see ``difference_text``.
-    max_tries: give up (StopIteration) after this many consecutive draws of
-      identical pairs, e.g. when every item is the same.
-  """
-  rng = random.Random(seed)
-  n = len(attributes)
-  if n < 2:
-    return
-  misses = 0
-  while misses < max_tries:
-    i, j = rng.sample(range(n), 2)
-    text = difference_text(attributes[i], attributes[j], schema, max_phrases)
-    if text is None:
-      misses += 1
-      continue
-    misses = 0
-    yield i, j, text
+  return unit_rows(out) if normalize else out

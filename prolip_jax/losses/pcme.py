@@ -102,7 +102,7 @@ def pcme_pml_loss_blockwise(mu_img: Array, logvar_img: Array, mu_txt: Array,
     scalar float32 loss of the global batch, the same on every device.
   """
   # pylint: disable=protected-access
-  axis_name = blockwise._axis(axis_name)
+  axis_name = blockwise.hashable_axis(axis_name)
   per_image = blockwise._ring_sigmoid_loss(
       lambda img, txt: pcme_pml_logits(img[0], img[1], txt[0], txt[1], scale,
                                        bias),

@@ -36,7 +36,8 @@ VIB_GUARD = 1e4
 INCLUSION_GUARD = 1e5
 
 
-def _f32(*xs):
+def to_float32(*xs) -> tuple[Array, ...]:
+  """Each argument as a float32 array (the loss modules' arithmetic dtype)."""
   return tuple(jnp.asarray(x, jnp.float32) for x in xs)
 
 
@@ -52,7 +53,7 @@ def csd(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array) -> Array:
   Returns:
     ``(n, m)`` float32 matrix of distances.
   """
-  mu1, logvar1, mu2, logvar2 = _f32(mu1, logvar1, mu2, logvar2)
+  mu1, logvar1, mu2, logvar2 = to_float32(mu1, logvar1, mu2, logvar2)
   sq = (jnp.sum(mu1**2, -1)[:, None] + jnp.sum(mu2**2, -1)[None, :]
         - 2.0 * mu1 @ mu2.T)
   tr1 = jnp.sum(jnp.exp(logvar1), -1)
@@ -76,8 +77,8 @@ def ppcl_logits(mu_img: Array, logvar_img: Array, mu_txt: Array,
   Returns:
     ``(n, m)`` float32 logits.
   """
-  mu_img, logvar_img, mu_txt, logvar_txt = _f32(mu_img, logvar_img, mu_txt,
-                                                logvar_txt)
+  mu_img, logvar_img, mu_txt, logvar_txt = to_float32(
+      mu_img, logvar_img, mu_txt, logvar_txt)
   half_tr_img = 0.5 * jnp.sum(jnp.exp(logvar_img), -1)
   half_tr_txt = 0.5 * jnp.sum(jnp.exp(logvar_txt), -1)
   sim = mu_img @ mu_txt.T - half_tr_img[:, None] - half_tr_txt[None, :]
@@ -146,7 +147,7 @@ def log_inclusion(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array,
   Returns:
     float32 array of the broadcast shape: one value per dimension.
   """
-  mu1, logvar1, mu2, logvar2 = _f32(mu1, logvar1, mu2, logvar2)
+  mu1, logvar1, mu2, logvar2 = to_float32(mu1, logvar1, mu2, logvar2)
   log_a = eps + jnp.logaddexp(-logvar1, -logvar2 - _LOG2)
   quad = (mu1 - mu2)**2 * jnp.exp(eps - jnp.logaddexp(logvar1,
                                                       logvar2 + _LOG2))
@@ -168,7 +169,7 @@ def log_inclusion_exact(mu1: Array, logvar1: Array, mu2: Array,
     float32 array, one value per dimension; summing over d gives the log of
     the d-dimensional integral for diagonal Gaussians.
   """
-  mu1, logvar1, mu2, logvar2 = _f32(mu1, logvar1, mu2, logvar2)
+  mu1, logvar1, mu2, logvar2 = to_float32(mu1, logvar1, mu2, logvar2)
   log_a = jnp.logaddexp(-logvar1, -logvar2 - _LOG2)
   quad = (mu1 - mu2)**2 * jnp.exp(-jnp.logaddexp(logvar1, logvar2 + _LOG2))
   return (-logvar1 - 0.5 * logvar2 - 0.5 * log_a - quad
@@ -231,7 +232,7 @@ def vib_loss(mu: Array, logvar: Array, release_quirk: bool = False) -> Array:
   Returns:
     scalar float32 loss.
   """
-  mu, logvar = _f32(mu, logvar)
+  mu, logvar = to_float32(mu, logvar)
   lv = 0.5 * logvar if release_quirk else logvar
   return jnp.mean(-0.5 * (1.0 + lv - mu**2 - jnp.exp(lv)))
 

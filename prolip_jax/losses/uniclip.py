@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from prolip_jax.losses.contrastive import infonce_terms
+from prolip_jax.losses.contrastive import unit_rows
 
 Array = jax.Array
 
@@ -91,14 +92,9 @@ def uniclip_scalars(params) -> tuple[Array, Array]:
   return jnp.exp(params['log_tau']), params['offset']
 
 
-def _unit(x):
-  x = jnp.asarray(x, jnp.float32)
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def _pair_logits(z_rows, dom_rows, z_cols, dom_cols, temperatures, offsets):
   """(cos - b_D) / tau_D between two sets of embeddings."""
-  cos = _unit(z_rows) @ _unit(z_cols).T
+  cos = unit_rows(z_rows) @ unit_rows(z_cols).T
   pair = dom_rows[:, None] + dom_cols[None, :]  # 0 II, 1 IT/TI, 2 TT
   tau = jnp.asarray(temperatures, jnp.float32)[pair]
   b = jnp.asarray(offsets, jnp.float32)[pair]

@@ -1,0 +1,152 @@
+"""Resume rules without training: config drift, the workdir lock and the
+fallback from an unreadable checkpoint.
+
+The fast twins of ``test_faults.py``'s end-to-end resume tests (slow: they
+train): ``config_drift.check`` on a stored and a requested config,
+``WorkdirLock`` against live, dead and foreign holders, and
+``checkpoint.load_params`` on checkpoints written directly.
+"""
+
+import json
+import os
+import socket
+
+import ml_collections
+import numpy as np
+import pytest
+
+from prolip_jax import checkpoint
+from prolip_jax import config_drift
+from prolip_jax import errors
+from prolip_jax import presets
+from prolip_jax.workdir_lock import WorkdirLock
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
+
+
+def _stored():
+  """The config as a checkpoint stores it: JSON (tuples become lists)."""
+  return json.loads(presets.load_config_file(MICRO).to_json_best_effort())
+
+
+def test_same_config_from_json_is_no_drift():
+  # Tuples read back from JSON as lists are not a change.
+  assert config_drift.diff(_stored(), presets.load_config_file(MICRO)) == {}
+  assert config_drift.check(_stored(), presets.load_config_file(MICRO),
+                            3) == []
+
+
+def test_shape_and_data_changes_are_refused_with_every_key():
+  requested = presets.load_config_file(MICRO)
+  requested.model.embed_dim = 24
+  requested.seed = 5
+  requested.optim.lr = 1e-3  # allowed, but not reported while refusing
+  with pytest.raises(errors.ConfigDriftError) as info:
+    config_drift.check(_stored(), requested, 3)
+  message = str(info.value)
+  assert 'step 3' in message
+  assert 'model.embed_dim: 16 -> 24' in message and 'seed: 0 -> 5' in message
+  assert 'optim.lr' not in message
+  assert isinstance(info.value, errors.UserError)
+
+
+def test_other_changes_are_listed_and_applied():
+  stored = _stored()
+  requested = presets.load_config_file(MICRO)
+  requested.optim.lr = 1e-3
+  requested.total_steps = 9
+  assert config_drift.check(stored, requested, 3) == [
+      f"optim.lr: {stored['optim']['lr']!r} -> 0.001",
+      f"total_steps: {stored['total_steps']!r} -> 9"]
+
+
+def test_fixed_keys_by_prefix():
+  # The rule by hand: a key is fixed when it is a FIXED entry or under one.
+  for key in ('model.vision.width', 'tokenizer.vocab_size', 'batch_size',
+              'seed', 'objective', 'data.name', 'data.crop_scale',
+              'uniclip.aug_features', 'optim.unc_lr_mult'):
+    assert config_drift.is_fixed(key), key
+  for key in ('optim.lr', 'total_steps', 'eval.every_steps', 'mesh.fsdp',
+              'data.num_threads', 'log_every_steps'):
+    assert not config_drift.is_fixed(key), key
+  # A key added since the checkpoint was written counts as a change too.
+  requested = ml_collections.ConfigDict({'seed': 0, 'model': {'new': 1}})
+  with pytest.raises(errors.ConfigDriftError, match="model.new: '<absent>'"):
+    config_drift.check({'seed': 0, 'model': {}}, requested, 1)
+
+
+def _dead_pid() -> int:
+  """A pid no process has now (counting down from the largest)."""
+  for pid in range(2**22 - 1, 2**21, -1):
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return pid
+    except PermissionError:
+      pass
+  raise RuntimeError('no free pid')
+
+
+def _write_lock(workdir, **holder):
+  with open(os.path.join(workdir, '.lock'), 'w') as f:
+    json.dump(holder, f)
+
+
+def test_lock_is_exclusive_and_released(tmp_path):
+  with WorkdirLock(str(tmp_path)):
+    with open(tmp_path / '.lock') as f:
+      assert json.load(f)['pid'] == os.getpid()
+    with pytest.raises(errors.WorkdirLockedError,
+                       match=f'in use by pid {os.getpid()}'):
+      WorkdirLock(str(tmp_path)).acquire()
+  assert not os.path.exists(tmp_path / '.lock')
+
+
+def test_stale_lock_is_taken_over_foreign_host_is_not(tmp_path, capfd):
+  dead = _dead_pid()
+  _write_lock(str(tmp_path), host=socket.gethostname(), pid=dead)
+  with WorkdirLock(str(tmp_path)):
+    pass
+  assert f'stale lock {tmp_path / ".lock"} of pid {dead}' in (
+      capfd.readouterr().err)
+  # Another host's pid cannot be checked from here: never taken over.
+  _write_lock(str(tmp_path), host=socket.gethostname() + '-other',
+              pid=dead)
+  with pytest.raises(errors.WorkdirLockedError, match='-other'):
+    WorkdirLock(str(tmp_path)).acquire()
+
+
+@pytest.mark.parametrize('damage', ['garble', 'truncate'])
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, capfd, damage):
+  """Checkpoints written directly (no training); the newest damaged on disk
+  as ``test_faults.py`` does after a real run: reading falls back one step
+  with one line saying why, and returns that step's exact arrays."""
+  rng = np.random.default_rng(0)
+  saved = {s: {'w': rng.normal(size=(64, 32)).astype(np.float32),
+               'b': rng.normal(size=(32,)).astype(np.float32)}
+           for s in (3, 6)}
+  with checkpoint.manager(str(tmp_path)) as mngr:
+    for step, params in saved.items():
+      assert checkpoint.save(mngr, step, params, {'n': np.zeros(1)},
+                             {'step': step}, force=True)
+      mngr.wait_until_finished()
+  files = [os.path.join(d, f) for d, _, fs in os.walk(
+      tmp_path / 'checkpoints' / '6' / 'params') for f in fs]
+  target = max(files, key=os.path.getsize)
+  data = bytearray(open(target, 'rb').read())
+  if damage == 'garble':  # same size: only the checksum can tell
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+      data[i] ^= 0xFF
+  else:
+    data = data[:len(data) // 3]
+  open(target, 'wb').write(bytes(data))
+  capfd.readouterr()
+  params, meta = checkpoint.load_params(str(tmp_path))
+  err = capfd.readouterr().err
+  assert meta['step'] == 3
+  assert 'checkpoint step 6' in err and 'cannot be read' in err
+  assert 'trying step 3' in err and len(err.strip().splitlines()) == 1, err
+  for key, value in saved[3].items():
+    np.testing.assert_array_equal(np.asarray(params[key]), value)
