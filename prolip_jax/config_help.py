@@ -98,6 +98,8 @@ MEANINGS = {
     'mesh': 'device mesh: data and fsdp axes (-1: the rest)',
     'mesh.data': 'data-parallel axis size', 'mesh.fsdp': 'FSDP axis size',
     'mesh.num_devices': 'devices used (0: all)',
+    'mesh.fsdp_min_size_mb': ('FSDP floor: parameters (and their optimizer '
+                              'state) under this many MiB stay replicated'),
     'uniclip': 'UniCLIP heads and temperature',
 }
 

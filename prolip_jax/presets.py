@@ -128,7 +128,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 200
   c.keep_checkpoints = 3
   # num_devices 0: every device of every host.
-  c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'num_devices': 0})
+  # fsdp_min_size_mb: parameters smaller than this stay replicated under FSDP.
+  c.mesh = ml_collections.ConfigDict({'data': -1, 'fsdp': 1, 'num_devices': 0,
+                                      'fsdp_min_size_mb': 4.0})
   return c
 
 
