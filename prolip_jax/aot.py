@@ -94,7 +94,7 @@ def parse_topology(name: str) -> tuple[str, str, str]:
     n = int(m.group(1) or 1)
     if n < 1 or (n > 8 and n % 8):
       raise TopologyError(f'topology {name!r}: h100:N takes N <= 8 or a '
-                          'multiple of 8 (8 GPUs per host)')
+                          f'multiple of 8 (8 GPUs per host); known: {KNOWN}')
     hosts, per_host = (1, n) if n <= 8 else (n // 8, 8)
     return 'h100', 'cuda', f'1x{hosts}x{per_host}'
   raise TopologyError(f'unknown topology {name!r}; known: {KNOWN}')
