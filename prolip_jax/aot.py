@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -500,6 +501,8 @@ def _define_flags():
                        '(0: the smallest legal step, 8 for ProLIP).')
   flags.DEFINE_bool('loss_memory', True, 'Also compile the loss alone, '
                     'blockwise ring vs gathered dense (batch-split meshes).')
+  flags.DEFINE_bool('loss_only', False, 'Compile only the loss, ring vs '
+                    'gathered dense (seconds, not minutes).')
 
 
 def _default_per_device_batch(config, target: Target) -> int:
@@ -533,6 +536,13 @@ def run(argv: list[str]) -> int:
     target = resolve(fl.topology)
     per_device = fl.per_device_batch or _default_per_device_batch(config,
                                                                   target)
+    if fl.loss_only:
+      losses = {form: compile_loss(config, target, per_device, form)
+                for form in ('ring', 'gathered')}
+      print(aot_report.format_loss_table(
+          cli._config_path(argv), target.name, per_device, losses))  # pylint: disable=protected-access
+      print(json.dumps(losses, sort_keys=True), flush=True)
+      return 0
     report = compile_step(config, target, per_device)
     report['config'] = cli._config_path(argv)  # pylint: disable=protected-access
     if fl.loss_memory and report['mesh'] and max(

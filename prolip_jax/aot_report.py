@@ -321,6 +321,24 @@ def format_table(report: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
+def format_loss_table(config: str, topology: str, per_device_batch: int,
+                      losses: dict[str, Any]) -> str:
+  """The ``--loss_only`` table: the loss and its gradient alone, per device,
+  blockwise ring vs gathered dense."""
+  ring = losses['ring']
+  lines = [f'prolip_jax.aot --loss_only: {config} on {topology}, '
+           f"{per_device_batch} per device, {ring['global_batch']} global"]
+  for form, r in losses.items():
+    c = r['collectives']
+    moved = ', '.join(f"{k} {c[k]['bytes'] / 2**20:.1f} MiB"
+                      for k in COLLECTIVES if c[k]['bytes']) or 'none'
+    lines.append(
+        f"  {form:<9s} temporaries {r['temporaries'] / 2**20:10.1f} MiB, "
+        f"total {r['memory']['total'] / 2**20:10.1f} MiB; collectives per "
+        f'step: {moved}')
+  return '\n'.join(lines)
+
+
 def json_line(report: dict[str, Any]) -> str:
   """The report as one JSON line (``ops`` left out)."""
   r = dict(report)
