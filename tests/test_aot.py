@@ -261,3 +261,31 @@ def test_micro_step_compiles_for_v5p_with_pod_properties(micro_report):
   assert ring['collectives']['all-gather']['count'] == 0
   assert gathered['collectives']['all-gather']['count'] > 0
   assert ring['temporaries'] < gathered['temporaries']
+
+
+def test_table_labels_estimates_and_reports_fit():
+  gib = 2**30
+  colls = {k: {'count': 0, 'bytes': 0} for k in aot_report.COLLECTIVES}
+  colls['collective-permute'] = {'count': 124, 'bytes': 170 * 2**20}
+  report = {
+      'config': 'configs/prolip_b16.py', 'topology': 'v5p:4x4x2',
+      'num_devices': 32, 'chip': 'TPU v5p', 'mesh': {'data': 32, 'fsdp': 1},
+      'per_device_batch': 512, 'global_batch': 16384, 'compile_seconds': 9.0,
+      'hbm_bytes': 95 * gib, 'peak_flops': 459e12, 'fits': False,
+      'memory': {'arguments': 2 * gib, 'temporaries': 100 * gib,
+                 'outputs_not_aliased': 0, 'total': 102 * gib},
+      'flops': {'analytic_per_pair': 147.6e9, 'xla_per_pair': 190e9,
+                'xla_per_device': 512 * 190e9,
+                'ceiling_pairs_per_second': 459e12 / 147.6e9},
+      'estimate': {'step_seconds': 0.4, 'pairs_per_second_per_chip': 1280.0,
+                   'mfu': 1280 * 147.6e9 / 459e12},
+      'collectives': dict(colls, ops=[('collective-permute', 'f32[2]', 1)]),
+  }
+  table = aot_report.format_table(report)
+  assert '102.00 GiB of 95.0 GiB HBM (107%): does NOT fit' in table
+  assert '0.400 s  [compiler estimate, not a measurement]' in table
+  assert '1280  [compiler estimate]' in table
+  assert '41.2% of 459 TFLOP/s' in table  # 1280 * 147.6e9 / 459e12
+  assert 'collective-permute    124 ops, 170.0 MiB per step' in table
+  line = aot_report.json_line(report)
+  assert '\n' not in line and '"ops"' not in line
