@@ -34,7 +34,8 @@ CHIPS = {
     'v5e': Chip('TPU v5e', 16 * GIB, 197e12),
     'v5p': Chip('TPU v5p', 95 * GIB, 459e12),
     'v6e': Chip('TPU v6e', 32 * GIB, 918e12),
-    'h100': Chip('NVIDIA H100 SXM', 80 * 10**9, 989e12),
+    # H100: device_memory_size of XLA's h100_sxm.txtpb (aot_specs/).
+    'h100': Chip('NVIDIA H100 SXM', 84_978_434_048, 989e12),
 }
 # jax's device_kind of each generation's devices.
 DEVICE_KINDS = {'TPU v4': 'v4', 'TPU v5 lite': 'v5e', 'TPU v5': 'v5p',
@@ -291,7 +292,12 @@ def format_table(report: dict[str, Any]) -> str:
     if xla:
       row('FLOPs per pair: XLA cost analysis', f'{xla / 1e9:.1f} GFLOP '
           f"(per device {f['xla_per_device'] / 1e12:.2f} TFLOP/step)")
+    else:
+      row('FLOPs per pair: XLA cost analysis', 'not available (XLA gives '
+          'none for this target; deviceless GPU compiles have none)')
   e = r.get('estimate') or {}
+  if f and not e:
+    row('step time', 'no compiler estimate for this target')
   if e:
     row('step time', f"{e['step_seconds']:.3f} s  [compiler estimate, "
         'not a measurement]')
