@@ -198,8 +198,16 @@ def abstract_batch(config, model_cfg, global_batch: int, sharding) -> dict:
   tokenizer: same keys, shapes and dtypes)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from prolip_jax.objectives.base import Objective  # pylint: disable=g-import-not-at-top
+
+  objective = objectives.get(config.objective)
+  if type(objective).wrap_dataset is not Objective.wrap_dataset:
+    raise errors.UserError(
+        f'objective {config.objective!r} adds its own batch entries '
+        '(wrap_dataset), which prolip_jax.aot cannot make up without data')
 
   ctx = model_cfg.text.context_length
 

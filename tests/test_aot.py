@@ -289,3 +289,17 @@ def test_table_labels_estimates_and_reports_fit():
   assert 'collective-permute    124 ops, 170.0 MiB per step' in table
   line = aot_report.json_line(report)
   assert '\n' not in line and '"ops"' not in line
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec('jax_cuda12_plugin') is None,
+                    reason="the GPU toolchain is not installed (pip install "
+                    "-e '.[gpu]', ~5.5 GB; kept out of the default CI "
+                    'install)')
+def test_micro_step_compiles_for_two_h100s():
+  c = presets.load_config_file('configs/prolip_micro.py')
+  report = aot.compile_step(c, aot.resolve('h100:2'), per_device_batch=8)
+  assert report['num_devices'] == 2 and report['fits']
+  assert report['collectives']['collective-permute']['count'] > 0
+  assert report['collectives']['all-reduce']['count'] > 0
+  assert report['cudnn_attention_calls'] >= 0
