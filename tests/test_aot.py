@@ -302,3 +302,24 @@ def test_micro_step_compiles_for_two_h100s():
   assert report['num_devices'] == 2 and report['fits']
   assert report['collectives']['collective-permute']['count'] > 0
   assert report['collectives']['all-reduce']['count'] > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_main_on_a_cpu_machine_does_not_start_libtpu():
+  """With libtpu installed (this extra) but no TPU chip or GPU, the CLI's
+  jax uses the CPU without libtpu's warnings about the missing TPU."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
+  if (hardware_utils.num_available_tpu_chips_and_device_id()[0]
+      or hardware_utils.has_visible_nvidia_gpu()):
+    pytest.skip('this machine has an accelerator')
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  code = ('from prolip_jax import main; main._cpu_only_without_accelerators()'
+          '; import jax; print(jax.devices()[0].platform)')
+  out = subprocess.run([sys.executable, '-c', code], env=env,
+                       capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == 'cpu'
+  assert 'TPU' not in out.stderr, out.stderr
