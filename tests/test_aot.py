@@ -323,3 +323,16 @@ def test_main_on_a_cpu_machine_does_not_start_libtpu():
                        capture_output=True, text=True, check=True)
   assert out.stdout.strip() == 'cpu'
   assert 'TPU' not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize('start', [8, 512, 4096])
+def test_find_max_batch_bisects_to_the_step(monkeypatch, start):
+  monkeypatch.setattr(aot, 'compile_step',
+                      lambda config, target, b: {'fits': b <= 1000})
+  best, tried = aot.find_max_batch(None, None, start, 8)
+  assert best == 1000
+  assert all(b % 8 == 0 for b, _ in tried)
+  assert all(ok == (b <= 1000) for b, ok in tried)
+  monkeypatch.setattr(aot, 'compile_step',
+                      lambda config, target, b: {'fits': False})
+  assert aot.find_max_batch(None, None, start, 8)[0] == 0
