@@ -221,6 +221,9 @@ KEYS: dict[str, Key] = {
     'mesh.data': Key(-1, 'data-parallel axis size (-1: the rest)'),
     'mesh.fsdp': Key(1, 'FSDP axis size'),
     'mesh.num_devices': Key(0, 'devices used (0: all)'),
+    'mesh.fsdp_min_size_mb': Key(4.0, 'FSDP floor: parameters (and their '
+                                 'optimizer state) under this many MiB stay '
+                                 'replicated'),
     # -- UniCLIP heads (objectives/uniclip.py)
     'uniclip.embed_dim': Key(0, 'UniCLIP: head output dimension (0: '
                              'model.embed_dim)', PARAMETER_TREE,

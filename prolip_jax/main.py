@@ -116,6 +116,23 @@ def _distributed_init():
     jax.distributed.initialize()  # auto-detects the cluster
 
 
+def _cpu_only_without_accelerators():
+  """On a machine with neither TPU chips nor an NVIDIA GPU but with libtpu
+  installed (the ``tpu`` and ``test`` extras, for ``prolip_jax.aot``), jax
+  would start the TPU runtime, which prints warnings about the missing TPU
+  before jax falls back to the CPU: ask for the CPU directly. An explicit
+  ``JAX_PLATFORMS`` is left alone."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if 'JAX_PLATFORMS' in os.environ or importlib.util.find_spec(
+      'libtpu') is None:
+    return
+  from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
+  if (hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0
+      and not hardware_utils.has_visible_nvidia_gpu()):
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_platforms', 'cpu')  # jax has read the env already
+
+
 def run(argv: list[str]) -> int:
   """Runs the command line ``argv`` (program name first); returns the exit
   status."""
@@ -129,6 +146,7 @@ def run(argv: list[str]) -> int:
       print(config_help.describe(config))
       return 0
     logging.set_verbosity(logging.WARNING)
+    _cpu_only_without_accelerators()
     _distributed_init()
     from prolip_jax import train  # pylint: disable=g-import-not-at-top
     summary = train.train_and_evaluate(

@@ -20,6 +20,8 @@ _VISION = {
     'B/32': (224, 32, 768, 12, 12),
     'B/16': (224, 16, 768, 12, 12),
     'L/16': (224, 16, 1024, 24, 16),
+    # SigLIP's shape-optimised ViT (Alabdulmohsin et al., 2023), 224 px.
+    'SO400M/14': (224, 14, 1152, 27, 16),
 }
 _TEXT = {
     # name: (width, layers, heads, context_length, vocab_size)
@@ -27,14 +29,18 @@ _TEXT = {
     'B/32': (768, 12, 12, 64, 32100),
     'B/16': (768, 12, 12, 64, 32100),
     'L/16': (1024, 24, 16, 64, 32100),
+    'SO400M/14': (1152, 27, 16, 16, 32100),  # SigLIP SO400M/14-224: ctx 16
 }
-_EMBED = {'tiny': 64, 'B/32': 768, 'B/16': 768, 'L/16': 1024}
+_EMBED = {'tiny': 64, 'B/32': 768, 'B/16': 768, 'L/16': 1024,
+          'SO400M/14': 1152}
+# MLP width / model width where it is not 4 (SO400M: 4304 = 1152 * 3.736...).
+_MLP_RATIO = {'SO400M/14': 4304 / 1152}
 
 
 def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
-  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``, ``L/16``):
-  the declared ``model.*`` defaults (``config_keys.KEYS``) with the preset's
-  sizes."""
+  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``,
+  ``L/16``, ``SO400M/14``): the declared ``model.*`` defaults
+  (``config_keys.KEYS``) with the preset's sizes."""
   if name not in _VISION:
     raise ValueError(f'unknown model preset {name!r}; have {sorted(_VISION)}')
   size, patch, vw, vl, vh = _VISION[name]
@@ -46,6 +52,9 @@ def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
                   heads=vh)
   c.text.update(vocab_size=vocab, context_length=ctx, width=tw, layers=tl,
                 heads=th)
+  mlp_ratio = _MLP_RATIO.get(name)
+  if mlp_ratio is not None:
+    c.vision.mlp_ratio = c.text.mlp_ratio = mlp_ratio
   c.use_unc = use_unc
   return c
 

@@ -45,11 +45,15 @@ def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int
   return tuple(sizes)
 
 
-def make_mesh(mesh_cfg: Mapping[str, int], devices=None) -> Mesh:
+def make_mesh(mesh_cfg: Mapping[str, int], devices=None,
+              whole_topology: bool = False) -> Mesh:
   """A ``(data, fsdp)`` mesh with Auto axes.
 
   Over ``devices`` if given, else the first ``mesh_cfg['num_devices']``
-  devices (0 or absent: all of them).
+  devices (0 or absent: all of them). All of a platform's devices (or
+  ``whole_topology``: ``devices`` are a whole TPU slice or GPU cluster, as
+  ``prolip_jax.aot`` compiles for) are laid out by ``jax.make_mesh``, which
+  follows the physical interconnect.
   """
   if devices is None:
     n = int(mesh_cfg.get('num_devices', 0) or 0)
@@ -57,7 +61,7 @@ def make_mesh(mesh_cfg: Mapping[str, int], devices=None) -> Mesh:
   devices = list(devices)
   shape = mesh_shape(mesh_cfg, len(devices))
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  if len(devices) == len(jax.devices()):
+  if whole_topology or len(devices) == len(jax.devices()):
     return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
 
@@ -77,9 +81,21 @@ def num_batch_shards(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-def param_spec(shape: tuple[int, ...], fsdp_size: int) -> P:
-  """FSDP rule: split the largest dimension that ``fsdp`` divides, else none."""
+# big_vision's default (``fsdp(..., min_size_to_shard_mb=4)``): splitting a
+# small array saves little memory and costs one more all-gather per use.
+FSDP_MIN_SIZE_MB = 4.0
+
+
+def param_spec(shape: tuple[int, ...], fsdp_size: int, itemsize: int = 4,
+               min_size_mb: float = 0.0) -> P:
+  """FSDP rule: split the largest dimension that ``fsdp`` divides, else none.
+
+  Arrays under ``min_size_mb`` MiB (``prod(shape) * itemsize`` bytes) stay
+  replicated.
+  """
   if fsdp_size <= 1 or not shape:
+    return P()
+  if math.prod(shape) * itemsize < min_size_mb * 2**20:
     return P()
   for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
     if shape[dim] % fsdp_size == 0:
@@ -89,11 +105,14 @@ def param_spec(shape: tuple[int, ...], fsdp_size: int) -> P:
   return P()
 
 
-def param_shardings(mesh: Mesh, abstract_tree: Any) -> Any:
-  """NamedShardings for a pytree of parameters (or optimizer state)."""
+def param_shardings(mesh: Mesh, abstract_tree: Any,
+                    min_size_mb: float = FSDP_MIN_SIZE_MB) -> Any:
+  """NamedShardings for a pytree of parameters (or optimizer state): the
+  FSDP rule of ``param_spec`` with a floor of ``min_size_mb`` MiB."""
   fsdp = mesh.shape['fsdp']
   return jax.tree.map(
-      lambda x: NamedSharding(mesh, param_spec(tuple(x.shape), fsdp)),
+      lambda x: NamedSharding(mesh, param_spec(
+          tuple(x.shape), fsdp, np.dtype(x.dtype).itemsize, min_size_mb)),
       abstract_tree)
 
 

@@ -248,7 +248,8 @@ def validate_config(config):
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
                             mesh, with_teacher: bool = False,
-                            extra_params: Optional[Callable] = None
+                            extra_params: Optional[Callable] = None,
+                            fsdp_min_size_mb: float = shd.FSDP_MIN_SIZE_MB
                             ) -> tuple[Callable, TrainState]:
   """A jitted ``rng -> TrainState`` creating every array with its sharding.
 
@@ -257,7 +258,8 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
   ``with_teacher``: add an EMA teacher (OTTER) starting equal to the student.
   ``extra_params(rng) -> {key: subtree}`` adds an objective's own parameters
   (``Objective.init_extra_params``, e.g. UniCLIP's heads) next to the
-  model's, to be trained and saved with them.
+  model's, to be trained and saved with them. ``fsdp_min_size_mb``: arrays
+  smaller than this stay replicated (``sharding.param_spec``).
   """
   model_cfg = model.config
 
@@ -275,11 +277,43 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
                       teacher)
 
   abstract = jax.eval_shape(init_state, jax.random.key(0))
-  param_shardings = shd.param_shardings(mesh, abstract.params)
+  param_shardings = shd.param_shardings(mesh, abstract.params,
+                                       fsdp_min_size_mb)
   shardings = TrainState(shd.replicated(mesh), param_shardings,
-                         shd.param_shardings(mesh, abstract.opt_state),
+                         shd.param_shardings(mesh, abstract.opt_state,
+                                             fsdp_min_size_mb),
                          param_shardings if with_teacher else None)
   return jax.jit(init_state, out_shardings=shardings), shardings
+
+
+def run_state_initializer(config, model: ProLIP,
+                          tx: optax.GradientTransformation, mesh
+                          ) -> tuple[Callable, TrainState]:
+  """``train_state_initializer`` for ``config``'s objective (its teacher and
+  extra parameters): the state ``prolip_jax.main`` trains and
+  ``prolip_jax.aot`` compiles for."""
+  objective = objectives.get(config.objective)
+  return train_state_initializer(
+      model, tx, mesh, with_teacher=objective.uses_teacher,
+      extra_params=lambda rng: objective.init_extra_params(
+          config, model.config, rng),
+      fsdp_min_size_mb=config.mesh.get('fsdp_min_size_mb',
+                                       shd.FSDP_MIN_SIZE_MB))
+
+
+def jit_train_step(model: ProLIP, config, tx: optax.GradientTransformation,
+                   schedule: optax.Schedule, mesh, mask_id: int,
+                   state_shardings: TrainState) -> Callable:
+  """The jitted ``train_step(state, batch, rng)`` of a run: state sharded by
+  ``state_shardings`` and donated, batch split over the mesh's batch axes.
+  ``prolip_jax.main`` runs it; ``prolip_jax.aot`` compiles it for a
+  topology."""
+  return jax.jit(
+      make_train_step(model, config, tx, schedule, mesh, mask_id),
+      in_shardings=(state_shardings, shd.batch_sharding(mesh),
+                    shd.replicated(mesh)),
+      out_shardings=(state_shardings, shd.replicated(mesh)),
+      donate_argnums=(0,))
 
 
 # ----------------------------------------------------------------------------
@@ -447,10 +481,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
     root_rng = jax.random.key(config.seed)
     init_rng, step_rng = jax.random.split(root_rng)
     with_teacher = objective.uses_teacher
-    init_state, state_shardings = train_state_initializer(
-        model, tx, mesh, with_teacher=with_teacher,
-        extra_params=lambda rng: objective.init_extra_params(
-            config, model_cfg, rng))
+    init_state, state_shardings = run_state_initializer(config, model, tx,
+                                                        mesh)
     abstract = jax.eval_shape(init_state, init_rng)
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
@@ -480,12 +512,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
                        teacher)
     logging.info('Resumed from step %d', start)
 
-  train_step = jax.jit(
-      make_train_step(model, config, tx, schedule, mesh, tokenizer.mask_id),
-      in_shardings=(state_shardings, shd.batch_sharding(mesh),
-                    shd.replicated(mesh)),
-      out_shardings=(state_shardings, shd.replicated(mesh)),
-      donate_argnums=(0,))
+  train_step = jit_train_step(model, config, tx, schedule, mesh,
+                              tokenizer.mask_id, state_shardings)
 
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)

@@ -26,6 +26,9 @@ def _sharded_config(num_devices, data, fsdp, total_steps=3):
   c.mesh.num_devices = num_devices
   c.mesh.data = data
   c.mesh.fsdp = fsdp
+  # The micro model's weights are all under the default 4 MiB FSDP floor:
+  # without this they would stay replicated and FSDP would go untested.
+  c.mesh.fsdp_min_size_mb = 0.0
   c.checkpoint_every_steps = 1000
   return c
 

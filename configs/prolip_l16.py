@@ -1,0 +1,25 @@
+"""ProLIP ViT-L/16: the B/16 recipe (configs/prolip_b16.py) at the L/16 shape.
+
+224 px, patch 16, 24x1024 image and text towers (16 heads), context 64,
+embedding 1024. The paper's L/16 (Table C.2) was fine-tuned from SigLIP for
+1.28B pairs at lr 5e-5 without weight decay (B.2); this config keeps the
+B/16 from-scratch recipe, so it plans memory and throughput at the shape
+(docs/scaling.md):
+
+python -m prolip_jax.aot --config configs/prolip_l16.py --topology v5p:4x4x4
+"""
+
+import os
+
+from prolip_jax import presets
+
+_B16 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prolip_b16.py')
+
+
+def get_config():
+  c = presets.load_config_file(_B16)
+  c.model = presets.model_preset('L/16')
+  c.model.compute_dtype = 'bfloat16'
+  c.model.remat = True
+  c.model.text.pad_id = 1
+  return c

@@ -1,0 +1,582 @@
+"""Compile the train step ahead of time for a TPU topology or H100s, from a
+machine without either: memory, FLOPs, a step-time estimate, collectives.
+
+  python -m prolip_jax.aot --config configs/prolip_b16.py --topology v5p:4x4x2
+  python -m prolip_jax.aot --config configs/prolip_b16.py --topology h100:8 \\
+      --find_max_batch
+
+It compiles exactly the step ``prolip_jax.main`` runs (``train.jit_train_step``
+on ``train.run_state_initializer``'s state: same config, mesh rules,
+shardings, donation, objective) on abstract arrays, so nothing is allocated.
+Topologies (``--topology``):
+
+  v4:AxBxC, v5p:AxBxC     a TPU slice as a 3-D chip grid (v5p:4x4x2 = 32 chips)
+  v5e:AxB, v6e:AxB        a 2-D chip grid (v5e:16x16 = 256 chips)
+  v4-N, v5p-N, v5e-N, v6e-N  Cloud's names (N TensorCores for v4/v5p, N
+                          chips for v5e/v6e: v5p-64 = v5p:4x4x2)
+  h100:N                  N H100 SXM GPUs, 8 per host (h100 = h100:1)
+
+TPUs need ``pip install -e '.[tpu]'`` (libtpu), GPUs ``pip install -e
+'.[gpu]'`` (the CUDA toolchain, no GPU needed). The step time, pairs/s and
+MFU come from XLA's cost model: a compiler estimate, not a measurement.
+Exit status 2 with one line ``error: ...`` for a user error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from typing import Any, Optional
+
+from absl import flags
+
+from prolip_jax import aot_report
+from prolip_jax import errors
+
+_SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         'aot_specs')
+_TPU_GENERATIONS = ('v4', 'v5p', 'v5e', 'v6e')
+# Cloud's slice names -> chip grids (v4/v5p count TensorCores: 2 per chip).
+_CLOUD_3D = {8: '2x2x1', 16: '2x2x2', 32: '2x2x4', 64: '2x4x4', 128: '4x4x4',
+             256: '4x4x8', 512: '4x8x8', 1024: '8x8x8', 2048: '8x8x16',
+             4096: '8x16x16'}
+_CLOUD_2D = {1: '1x1', 4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8',
+             128: '8x16', 256: '16x16'}
+KNOWN = ('v4:AxBxC, v5p:AxBxC, v5e:AxB, v6e:AxB (chip grids); '
+         f'v4-N, v5p-N (N in {sorted(_CLOUD_3D)}), v5e-N, v6e-N (N in '
+         f'{sorted(_CLOUD_2D)}); h100:N (N GPUs)')
+
+
+class TopologyError(errors.UserError):
+  """An unknown topology name, or one the compiler refuses."""
+
+
+class ToolchainError(errors.UserError):
+  """libtpu or the CUDA toolchain is not installed."""
+
+
+@dataclasses.dataclass
+class Target:
+  """Where to compile: the canonical name, platform and devices."""
+  name: str
+  platform: str  # 'tpu' | 'cuda'
+  chip: aot_report.Chip
+  devices: list
+
+
+def parse_topology(name: str) -> tuple[str, str, str]:
+  """``(generation, platform, grid)`` of a ``--topology`` name; raises
+  ``TopologyError`` (with the known forms) for anything else."""
+  name = name.strip().lower()
+  m = re.fullmatch(r'(v4|v5p|v5e|v6e):(\d+(?:x\d+)*)', name)
+  if m:
+    gen, grid = m.groups()
+    dims = 3 if gen in ('v4', 'v5p') else 2
+    if grid.count('x') + 1 != dims:
+      raise TopologyError(f'topology {name!r}: {gen} takes a {dims}-D chip '
+                          f'grid; known: {KNOWN}')
+    return gen, 'tpu', grid
+  m = re.fullmatch(r'(v4|v5p|v5e|v6e)-(\d+)', name)
+  if m:
+    gen, n = m.group(1), int(m.group(2))
+    table = _CLOUD_3D if gen in ('v4', 'v5p') else _CLOUD_2D
+    if n not in table:
+      raise TopologyError(f'topology {name!r}: no {gen} slice of that size; '
+                          f'known: {KNOWN}')
+    return gen, 'tpu', table[n]
+  m = re.fullmatch(r'h100(?::(\d+))?', name)
+  if m:
+    n = int(m.group(1) or 1)
+    if n < 1 or (n > 8 and n % 8):
+      raise TopologyError(f'topology {name!r}: h100:N takes N <= 8 or a '
+                          f'multiple of 8 (8 GPUs per host); known: {KNOWN}')
+    hosts, per_host = (1, n) if n <= 8 else (n // 8, 8)
+    return 'h100', 'cuda', f'1x{hosts}x{per_host}'
+  raise TopologyError(f'unknown topology {name!r}; known: {KNOWN}')
+
+
+def h100_spec() -> str:
+  """The H100 SXM target description shipped with the package (comment
+  lines stripped: XLA's text-proto parser does not take them)."""
+  with open(os.path.join(_SPEC_DIR, 'h100_sxm.txtpb')) as f:
+    return ''.join(l for l in f if not l.lstrip().startswith('#'))
+
+
+def _quiet_tpu_environment(gen: str, grid: str):
+  """libtpu on a machine without TPUs: no lockfile between compiling
+  processes, no metadata-server or worker-hostname probing (their warnings
+  are noise here)."""
+  chips = 1
+  for d in grid.split('x'):
+    chips *= int(d)
+  cloud = {'v4': f'v4-{2 * chips}', 'v5p': f'v5p-{2 * chips}',
+           'v5e': f'v5litepod-{chips}', 'v6e': f'v6e-{chips}'}[gen]
+  for key, value in (('ALLOW_MULTIPLE_LIBTPU_LOAD', '1'),
+                     ('TPU_ACCELERATOR_TYPE', cloud),
+                     ('TPU_SKIP_MDS_QUERY', '1'),
+                     ('TPU_WORKER_ID', '0'),
+                     ('TPU_WORKER_HOSTNAMES', 'localhost')):
+    os.environ.setdefault(key, value)
+
+
+def _gpu_environment():
+  """Deviceless CUDA compilation: no driver-version check, no Triton GEMM
+  autotuning (it needs a device)."""
+  os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  flag = '--xla_gpu_enable_triton_gemm=false'
+  if flag not in os.environ.get('XLA_FLAGS', ''):
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' '
+                               + flag).strip()
+
+
+def resolve(name: str) -> Target:
+  """Device descriptions of a topology (no device needed)."""
+  gen, platform, grid = parse_topology(name)
+  if platform == 'tpu':
+    if importlib.util.find_spec('libtpu') is None:
+      raise ToolchainError("libtpu is not installed (TPU topologies need it):"
+                           " pip install -e '.[tpu]'")
+    _quiet_tpu_environment(gen, grid)
+  else:
+    _gpu_environment()
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    if platform == 'tpu':
+      topo = topologies.get_topology_desc(
+          topology_name=f'{gen}:{grid}', platform='tpu',
+          chip_config_name='megacore' if gen in ('v4', 'v5p') else 'default')
+    else:
+      topo = topologies.get_topology_desc(
+          platform='cuda', target_config=h100_spec(), topology=grid)
+  except Exception as e:  # pylint: disable=broad-except
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if platform == 'cuda':
+      raise ToolchainError(
+          "the GPU toolchain is missing or does not load (pip install -e "
+          f"'.[gpu]'; no GPU is needed): {text}") from e
+    raise TopologyError(f'topology {name!r} refused by libtpu: {text}; '
+                        f'known: {KNOWN}') from e
+  devices = list(topo.devices)
+  if platform == 'tpu':
+    kind = aot_report.DEVICE_KINDS.get(devices[0].device_kind, gen)
+    if kind != gen:
+      raise TopologyError(f'topology {name!r} gave {devices[0].device_kind} '
+                          'devices')
+  label = f'{gen}:{grid}' if platform == 'tpu' else f'h100:{len(devices)}'
+  return Target(label, platform, aot_report.CHIPS[gen], devices)
+
+
+# ----------------------------------------------------------------------------
+# Compiling
+
+
+def _model(config):
+  """The ``ProLIP`` of the config (the tokenizer's pad id is the config's;
+  no tokenizer is read) and the [MASK] id to compile with."""
+  from prolip_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ProLIP  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig.from_config(config.model)
+  if config.tokenizer.pad_id >= 0:
+    cfg = ModelConfig.from_config(dict(
+        cfg.to_dict(), text=dict(cfg.text.__dict__,
+                                 pad_id=config.tokenizer.pad_id)))
+  # Only a constant in the graph: any id in the vocabulary compiles the same.
+  mask_id = (config.tokenizer.mask_id if config.tokenizer.mask_id >= 0
+             else cfg.text.vocab_size - 1)
+  return ProLIP(cfg), mask_id
+
+
+def abstract_batch(config, model_cfg, global_batch: int, sharding) -> dict:
+  """``jax.ShapeDtypeStruct``s of one global batch, as the data pipeline
+  makes it (one example through its ``TrainTransform`` with a stand-in
+  tokenizer: same keys, shapes and dtypes)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
+  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from prolip_jax.objectives.base import Objective  # pylint: disable=g-import-not-at-top
+
+  objective = objectives.get(config.objective)
+  if type(objective).wrap_dataset is not Objective.wrap_dataset:
+    raise errors.UserError(
+        f'objective {config.objective!r} adds its own batch entries '
+        '(wrap_dataset), which prolip_jax.aot cannot make up without data')
+
+  ctx = model_cfg.text.context_length
+
+  def tokenizer(text):
+    del text
+    return np.zeros((1, ctx), np.int32)
+
+  size = model_cfg.vision.image_size
+  transform = pipeline.TrainTransform(
+      tokenizer, size, train.augment_config(config.data),
+      config.data.get('num_views', 1))
+  example = transform.random_map(
+      {'image': np.zeros((size, size, 3), np.uint8), 'caption': 'a'},
+      np.random.default_rng(0))
+  return {k: jax.ShapeDtypeStruct((global_batch,) + np.shape(v),
+                                  np.asarray(v).dtype, sharding=sharding)
+          for k, v in example.items()}
+
+
+def _memory(compiled) -> Optional[dict[str, int]]:
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return None
+  out_extra = stats.output_size_in_bytes - stats.alias_size_in_bytes
+  mem = {'arguments': stats.argument_size_in_bytes,
+         'temporaries': stats.temp_size_in_bytes,
+         'outputs': stats.output_size_in_bytes,
+         'outputs_not_aliased': out_extra,
+         'generated_code': stats.generated_code_size_in_bytes}
+  mem['total'] = (mem['arguments'] + out_extra + mem['temporaries']
+                  + mem['generated_code'])
+  return mem
+
+
+def _cost(compiled) -> dict[str, float]:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
+
+
+_OOM = re.compile(r'RESOURCE_EXHAUSTED|Ran out of memory|out of memory',
+                  re.IGNORECASE)
+_USED = re.compile(r'Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm')
+
+
+def _needed_bytes(message: str) -> Optional[int]:
+  m = _USED.search(message)
+  if not m:
+    return None
+  scale = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
+  return int(float(m.group(1)) * scale[m.group(2)])
+
+
+def _param_report(abstract_params, shardings, min_size_mb) -> dict[str, Any]:
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rep = {'count': 0, 'sharded_bytes': 0, 'replicated_bytes': 0,
+         'sharded_leaves': 0, 'replicated_leaves': 0,
+         'fsdp_min_size_mb': min_size_mb}
+  for x, s in zip(jax.tree.leaves(abstract_params), jax.tree.leaves(
+      shardings)):
+    size = int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+    rep['count'] += int(np.prod(x.shape))
+    kind = 'sharded' if any(p is not None for p in s.spec) else 'replicated'
+    rep[f'{kind}_bytes'] += size
+    rep[f'{kind}_leaves'] += 1
+  return rep
+
+
+def compile_step(config, target: Target, per_device_batch: int
+                 ) -> dict[str, Any]:
+  """Compiles the train step for ``target`` at ``per_device_batch`` pairs
+  per device; returns the report (``fits``; ``error`` when the compiler
+  refused it for memory)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+
+  config = config.copy_and_resolve_references()
+  with errors.config_errors():
+    mesh = shd.make_mesh(config.mesh, devices=target.devices,
+                         whole_topology=True)
+    shards = shd.num_batch_shards(mesh)
+    config.batch_size = per_device_batch * shards
+    train.validate_config(config)
+    model, mask_id = _model(config)
+    tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+    init_state, shardings = train.run_state_initializer(config, model, tx,
+                                                        mesh)
+    state = jax.eval_shape(init_state, jax.random.key(0))
+    step = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
+                                shardings)
+  batch = abstract_batch(config, model.config, config.batch_size,
+                         shd.batch_sharding(mesh))
+  rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                             sharding=shd.replicated(mesh))
+  report: dict[str, Any] = {
+      'topology': target.name, 'platform': target.platform,
+      'chip': target.chip.name, 'num_devices': len(target.devices),
+      'mesh': dict(mesh.shape), 'per_device_batch': per_device_batch,
+      'global_batch': config.batch_size, 'hbm_bytes': target.chip.hbm_bytes,
+      'peak_flops': target.chip.peak_bf16_flops,
+      'remat': bool(config.model.remat),
+      'compute_dtype': config.model.compute_dtype,
+      'params': _param_report(state.params, shardings.params,
+                              config.mesh.get('fsdp_min_size_mb',
+                                              shd.FSDP_MIN_SIZE_MB))}
+  t0 = time.time()
+  try:
+    compiled = step.lower(state, batch, rng).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    if not _OOM.search(str(e)):
+      raise
+    report.update(compile_seconds=time.time() - t0, fits=False,
+                  error=str(e).strip().splitlines()[0][:300],
+                  needed_bytes=_needed_bytes(str(e)))
+    return report
+  report['compile_seconds'] = time.time() - t0
+  mem = _memory(compiled)
+  report['memory'] = mem
+  report['fits'] = mem is None or mem['total'] <= target.chip.hbm_bytes
+  cost = _cost(compiled)
+  analytic = aot_report.analytic_flops_per_pair(
+      model.config.to_dict(),
+      dict(config.masking) if config.objective == 'prolip' else None)
+  flops = {'analytic_per_pair': analytic['train'],
+           'analytic_forward_per_pair': analytic['forward'],
+           'ceiling_pairs_per_second': (target.chip.peak_bf16_flops
+                                        / analytic['train'])}
+  if cost.get('flops'):
+    flops['xla_per_device'] = cost['flops']
+    flops['xla_per_pair'] = cost['flops'] / per_device_batch
+  report['flops'] = flops
+  seconds = cost.get('optimal_seconds')
+  if seconds and seconds > 0:
+    pairs = per_device_batch / seconds
+    report['estimate'] = {
+        'step_seconds': seconds, 'pairs_per_second_per_chip': pairs,
+        'mfu': pairs * analytic['train'] / target.chip.peak_bf16_flops,
+        'note': 'XLA cost-model estimate, not a measurement'}
+  text = compiled.as_text()
+  colls = aot_report.collectives(text)
+  report['collectives'] = colls
+  report['gathers_batch_square'] = aot_report.has_square_gather(
+      colls['ops'], config.batch_size)
+  if target.platform == 'cuda':
+    report['cudnn_attention_calls'] = len(
+        re.findall(r'custom_call_target="__cudnn\$fmha', text))
+  return report
+
+
+def compile_loss(config, target: Target, per_device_batch: int,
+                 form: str) -> dict[str, Any]:
+  """Compiles the objective's loss and its gradient alone, over the tower
+  outputs of a global batch: ``form='ring'`` as the train step computes it
+  (the blockwise ring in ``shard_map``), ``'gathered'`` by all-gathering
+  every embedding and evaluating the dense loss on each device (open_clip's
+  default). Returns the per-device memory and collectives."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
+  from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.losses import GaussianBatch  # pylint: disable=g-import-not-at-top
+
+  config = config.copy_and_resolve_references()
+  with errors.config_errors():
+    mesh = shd.make_mesh(config.mesh, devices=target.devices,
+                         whole_topology=True)
+    config.batch_size = per_device_batch * shd.num_batch_shards(mesh)
+    train.validate_config(config)
+    model, mask_id = _model(config)
+  objective = objectives.get(config.objective)
+  b = config.batch_size
+  size = model.config.vision.image_size
+  params = jax.eval_shape(
+      lambda: model.init(jax.random.key(0),
+                         jax.numpy.zeros((1, size, size, 3)),
+                         jax.numpy.zeros((1, model.config.text.context_length),
+                                         jax.numpy.int32))['params'])
+  images = jax.ShapeDtypeStruct((b, size, size, 3), jax.numpy.float32)
+  tokens = jax.ShapeDtypeStruct((b, model.config.text.context_length),
+                                jax.numpy.int32)
+
+  def towers(params, images, tokens):
+    apply = functools.partial(model.apply, {'params': params})
+    img = GaussianBatch(*apply(images, method='encode_image'))
+    txt = GaussianBatch(*apply(tokens, method='encode_text'))
+    img_aux = txt_aux = None
+    aux = objective.make_aux_fn(model, config, mesh, mask_id)
+    if aux is not None:
+      img, txt, img_aux, txt_aux = aux(model, params, None, images, tokens,
+                                       img, txt, jax.random.key(0))
+    return img, txt, img_aux, txt_aux
+
+  embeddings = jax.eval_shape(towers, params, images, tokens)
+  if form == 'ring':
+    loss = objective.loss_over(config.loss, mesh)
+  else:
+    specs = objective.shard_specs()
+    dense = objective.local_loss(config.loss)
+
+    def gathered(*args):
+      args = [jax.tree.map(lambda x: jax.lax.all_gather(
+          x, shd.BATCH_AXES, tiled=True), a) if s == P(shd.BATCH_AXES)
+              else a for a, s in zip(args, specs)]
+      return dense(*args)
+
+    loss = jax.shard_map(gathered, mesh=mesh, in_specs=specs, out_specs=P(),
+                         check_vma=False)
+
+  def value_and_grad(embeddings, scale, bias):
+    return jax.value_and_grad(
+        lambda e: loss(e[0], e[1], scale, bias, e[2], e[3])[0])(embeddings)
+
+  batch_sharding = shd.batch_sharding(mesh)
+  emb = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
+      s.shape, s.dtype, sharding=batch_sharding), embeddings)
+  scalar = jax.ShapeDtypeStruct((), jax.numpy.float32,
+                                sharding=shd.replicated(mesh))
+  t0 = time.time()
+  compiled = jax.jit(value_and_grad).lower(emb, scalar, scalar).compile()
+  colls = aot_report.collectives(compiled.as_text())
+  return {'form': form, 'global_batch': b, 'memory': _memory(compiled),
+          'temporaries': (_memory(compiled) or {}).get('temporaries', 0),
+          'compile_seconds': time.time() - t0,
+          'collectives': {k: v for k, v in colls.items() if k != 'ops'},
+          'gathers_batch_square': aot_report.has_square_gather(colls['ops'],
+                                                               b)}
+
+
+def _granularity(config) -> int:
+  """Per-device batches must be multiples of this (ProLIP's masked copies
+  take every k-th pair of each device's shard)."""
+  if config.objective == 'prolip' and config.masking.fraction > 0:
+    return int(round(1 / config.masking.fraction))
+  return 1
+
+
+def find_max_batch(config, target: Target, start: int, step: int
+                   ) -> tuple[int, list[tuple[int, bool]]]:
+  """The largest per-device batch (a multiple of ``step``) whose step fits
+  in HBM: doubling from ``start`` to bracket it, then bisection. Returns it
+  (0 if even ``step`` does not fit) and every ``(batch, fits)`` tried."""
+  tried: list[tuple[int, bool]] = []
+
+  def fits(b):
+    ok = compile_step(config, target, b)['fits']
+    tried.append((b, ok))
+    print(f'  per-device batch {b}: {"fits" if ok else "does not fit"}',
+          file=sys.stderr, flush=True)
+    return ok
+
+  b = max(step, start // step * step)
+  if fits(b):
+    lo, hi = b, None
+    while hi is None:
+      if fits(lo * 2):
+        lo *= 2
+      else:
+        hi = lo * 2
+  else:
+    lo, hi = 0, b
+    while lo == 0 and hi > step:
+      half = max(step, hi // 2 // step * step)
+      if fits(half):
+        lo = half
+      else:
+        hi = half
+    if lo == 0:
+      return 0, tried
+  while hi - lo > step:
+    mid = (lo + hi) // 2 // step * step
+    if mid in (lo, hi):
+      break
+    if fits(mid):
+      lo = mid
+    else:
+      hi = mid
+  return lo, tried
+
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+def _define_flags():
+  if 'topology' in flags.FLAGS:
+    return
+  flags.DEFINE_string('topology', None, f'Where to compile: {KNOWN}.')
+  flags.DEFINE_integer('per_device_batch', None, 'Pairs per device (default: '
+                       'the config batch_size over the mesh\'s batch '
+                       'shards).')
+  flags.DEFINE_bool('find_max_batch', False, 'Also bisect the largest '
+                    'per-device batch that fits in HBM.')
+  flags.DEFINE_integer('batch_step', 0, 'Resolution of --find_max_batch '
+                       '(0: the smallest legal step, 8 for ProLIP).')
+  flags.DEFINE_bool('loss_memory', True, 'Also compile the loss alone, '
+                    'blockwise ring vs gathered dense (batch-split meshes).')
+  flags.DEFINE_bool('loss_only', False, 'Compile only the loss, ring vs '
+                    'gathered dense (seconds, not minutes).')
+
+
+def _default_per_device_batch(config, target: Target) -> int:
+  from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  with errors.config_errors():
+    mesh = shd.make_mesh(config.mesh, devices=target.devices,
+                         whole_topology=True)
+    shards = shd.num_batch_shards(mesh)
+    if config.batch_size % shards:
+      raise ValueError(f'batch_size {config.batch_size} is not divisible by '
+                       f'the {shards} batch shards of mesh {dict(mesh.shape)}'
+                       '; pass --per_device_batch')
+  return config.batch_size // shards
+
+
+def run(argv: list[str]) -> int:
+  """The command line ``argv`` (program name first); returns the exit
+  status."""
+  from prolip_jax import main as cli  # pylint: disable=g-import-not-at-top
+  if any(a in ('--help', '-h', '--helpfull') for a in argv[1:]):
+    print(__doc__)
+    return 0
+  debug = os.environ.get('PROLIP_DEBUG', '') not in ('', '0') or (
+      '--debug' in argv)
+  try:
+    _define_flags()
+    config = cli._parse(argv)  # pylint: disable=protected-access
+    fl = flags.FLAGS
+    if not fl.topology:
+      raise errors.UserError(f'--topology is required; known: {KNOWN}')
+    target = resolve(fl.topology)
+    per_device = fl.per_device_batch or _default_per_device_batch(config,
+                                                                  target)
+    if fl.loss_only:
+      losses = {form: compile_loss(config, target, per_device, form)
+                for form in ('ring', 'gathered')}
+      print(aot_report.format_loss_table(
+          cli._config_path(argv), target.name, per_device, losses))  # pylint: disable=protected-access
+      print(json.dumps(losses, sort_keys=True), flush=True)
+      return 0
+    report = compile_step(config, target, per_device)
+    report['config'] = cli._config_path(argv)  # pylint: disable=protected-access
+    if fl.loss_memory and report['mesh'] and max(
+        report['global_batch'] // per_device, 1) > 1:
+      report['loss_memory'] = {
+          form: compile_loss(config, target, per_device, form)
+          for form in ('ring', 'gathered')}
+    if fl.find_max_batch:
+      step = fl.batch_step or _granularity(config)
+      best, tried = find_max_batch(config, target, per_device, step)
+      report['max_per_device_batch'] = best
+      report['max_batch_search'] = (f'step {step}, tried ' + ', '.join(
+          f'{b}{"" if ok else " (no)"}' for b, ok in tried))
+    print(aot_report.format_table(report))
+    print(aot_report.json_line(report), flush=True)
+  except errors.UserError as e:
+    if debug:
+      traceback.print_exc()
+    print(f'error: {e}', file=sys.stderr)
+    return errors.EXIT_USER_ERROR
+  return 0
+
+
+def main():
+  sys.exit(run(sys.argv))
+
+
+if __name__ == '__main__':
+  main()
