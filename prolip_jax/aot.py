@@ -31,7 +31,6 @@ import os
 import re
 import sys
 import time
-import traceback
 from typing import Any, Optional
 
 from absl import flags
@@ -533,9 +532,8 @@ def run(argv: list[str]) -> int:
   if any(a in ('--help', '-h', '--helpfull') for a in argv[1:]):
     print(__doc__)
     return 0
-  debug = os.environ.get('PROLIP_DEBUG', '') not in ('', '0') or (
-      '--debug' in argv)
-  try:
+
+  def body():
     _define_flags()
     config = cli._parse(argv)  # pylint: disable=protected-access
     fl = flags.FLAGS
@@ -566,12 +564,9 @@ def run(argv: list[str]) -> int:
           f'{b}{"" if ok else " (no)"}' for b, ok in tried))
     print(aot_report.format_table(report))
     print(aot_report.json_line(report), flush=True)
-  except errors.UserError as e:
-    if debug:
-      traceback.print_exc()
-    print(f'error: {e}', file=sys.stderr)
-    return errors.EXIT_USER_ERROR
-  return 0
+    return 0
+
+  return errors.cli_main(body, argv)
 
 
 def main():

@@ -8,7 +8,8 @@ run or fail to restore, so the run stops with every such key listed and
 nothing touched; other changes (learning rate, total steps, logging,
 evaluation, mesh) are printed and applied. A key absent from either config
 counts as its declared default, so a key added to ``KEYS`` after a run was
-stored is not a change.
+stored is not a change; a changed key that ``KEYS`` does not declare (a
+user's own) is refused, since what it changes is unknown.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def describe_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
   """``key: old -> new (why it is fixed), ...``."""
   return ', '.join(
       f'{k}: {a!r} -> {b!r}'
-      + (f' ({config_keys.fixed_reason(k)})' if is_fixed(k) else '')
+      + (f' ({config_keys.fixed_reason(k)})' if is_fixed(k) else
+         ' (not declared in config_keys.KEYS)' if k not in config_keys.KEYS
+         else '')
       for k, (a, b) in changes.items())
 
 
@@ -66,7 +69,11 @@ def check(stored: Mapping[str, Any], requested: Any, step: int) -> list[str]:
   """Raises ``ConfigDriftError`` listing fixed keys that differ; returns
   lines ``key: old -> new`` for the changes that will be applied."""
   changes = diff(stored, requested)
-  fixed = {k: v for k, v in changes.items() if is_fixed(k)}
+  # A key the requested config has but KEYS does not declare (a user's own
+  # key) may change anything: refuse its change rather than guess. A stored
+  # key that no config has any more (a retired setting) is not a change.
+  fixed = {k: v for k, v in changes.items()
+           if is_fixed(k) or (k not in config_keys.KEYS and v[1] != _ABSENT)}
   if fixed:
     raise errors.ConfigDriftError(
         f'the workdir holds a run at step {step} with other settings that '

@@ -7,6 +7,19 @@ if '--xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
   os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_default_matmul_precision', 'highest')
+
+
+@pytest.fixture(autouse=True)
+def _fresh_absl_flags():
+  """Commands (``main.run``, ``aot.run``, ``evaluate``) define absl flags,
+  including their ``--config.KEY`` overrides, once per process; drop the
+  flags a test defined so the next test parses its command line afresh."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  before = set(flags.FLAGS)
+  yield
+  for name in set(flags.FLAGS) - before:
+    delattr(flags.FLAGS, name)

@@ -62,7 +62,7 @@ def test_other_changes_are_listed_and_applied():
 
 
 def test_fixed_keys_by_prefix():
-  # The rule by hand: a key is fixed when it is a FIXED entry or under one.
+  # Fixed-ness as declared in config_keys.KEYS, spot-checked by hand.
   for key in ('model.vision.width', 'tokenizer.vocab_size', 'batch_size',
               'seed', 'objective', 'data.name', 'data.crop_scale',
               'uniclip.aug_features', 'optim.unc_lr_mult'):
@@ -70,7 +70,7 @@ def test_fixed_keys_by_prefix():
   for key in ('optim.lr', 'total_steps', 'eval.every_steps', 'mesh.fsdp',
               'data.num_threads', 'log_every_steps'):
     assert not config_drift.is_fixed(key), key
-  # A key added since the checkpoint was written counts as a change too.
+  # An undeclared key the requested config adds is refused.
   requested = ml_collections.ConfigDict({'seed': 0, 'model': {'new': 1}})
   with pytest.raises(errors.ConfigDriftError, match="model.new: '<absent>'"):
     config_drift.check({'seed': 0, 'model': {}}, requested, 1)
