@@ -26,6 +26,11 @@ FIXED = ('model.', 'tokenizer.', 'batch_size', 'seed', 'objective', 'masking.',
          'optim.unc_lr_mult')
 _ABSENT = '<absent>'
 
+# Keys added after runs were stored without them, with the value that means
+# what those runs did: absent in a stored config equals this value.
+ADDED_WITH_DEFAULT = {'model.remat_policy': 'nothing_saveable',
+                      'model.scan': False, 'model.attention_impl': 'auto'}
+
 
 def _norm(value: Any) -> Any:
   # JSON turns tuples into lists: compare them as the same thing.
@@ -42,6 +47,8 @@ def diff(stored: Mapping[str, Any], requested: Any
   out = {}
   for key in sorted(set(old) | set(new)):
     a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+    if key in ADDED_WITH_DEFAULT:
+      a, b = (ADDED_WITH_DEFAULT[key] if v is _ABSENT else v for v in (a, b))
     if _norm(a) != _norm(b):
       out[key] = (a, b)
   return out

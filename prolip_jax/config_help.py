@@ -33,6 +33,13 @@ MEANINGS = {
     'model.init_unc_bias': 'initial bias of the [UNC] head (log sigma^2)',
     'model.compute_dtype': 'float32 | bfloat16 activations (params stay fp32)',
     'model.remat': 'rematerialise transformer blocks (less memory)',
+    'model.remat_policy': ('what remat keeps: nothing_saveable (remat=True '
+                           'as before) | dots_saveable | '
+                           'dots_with_no_batch_dims_saveable'),
+    'model.scan': ('one nn.scan over the block stack (layer-stacked params, '
+                   'faster compile)'),
+    'model.attention_impl': ('auto | xla | cudnn: attention kernel; auto is '
+                             'cuDNN on NVIDIA GPUs where shapes allow'),
     'loss': 'loss weights and settings of the objectives',
     'loss.alpha1': 'inclusion loss weight, image in text (eq. 6)',
     'loss.alpha2': 'inclusion loss weight, full in masked (eq. 6)',

@@ -51,6 +51,9 @@ def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
       'init_unc_bias': -10.0,
       'compute_dtype': 'float32',
       'remat': False,
+      'remat_policy': 'nothing_saveable',
+      'scan': False,
+      'attention_impl': 'auto',
   })
 
 
