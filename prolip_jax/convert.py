@@ -333,7 +333,7 @@ def _stack_position(path: tuple[str, ...], pattern) -> int:
 
 
 def is_scanned(params: Mapping[str, Any]) -> bool:
-  """True if ``params`` has a scanned block stack (``transformer/resblocks``)."""
+  """Whether ``params`` holds a scanned stack (``transformer/resblocks``)."""
   return any(_stack_position(p, lambda k: k == _SCANNED) >= 0
              for p in _flatten(params))
 

@@ -55,10 +55,14 @@ def main():
                                                    'prolip_b16.py'))
   ap.add_argument('--per_device_batch', type=int, default=16)
   ap.add_argument('--spec', default=DEFAULT_SPEC)
+  ap.add_argument('--scan', choices=['config', 'true', 'false'],
+                  default='config', help='model.scan (default: the config)')
   ap.add_argument('--out', required=True)
   args = ap.parse_args()
 
   config = presets.load_config_file(args.config)
+  if args.scan != 'config':
+    config.model.scan = args.scan == 'true'
   devices = h100_devices(args.spec)
   mesh = shd.make_mesh(config.mesh, devices=devices)
   config.batch_size = args.per_device_batch * len(devices)
