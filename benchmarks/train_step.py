@@ -26,6 +26,7 @@ import numpy as np
 from prolip_jax import sharding as shd
 from prolip_jax import train
 from prolip_jax.objectives import prolip as prolip_objective
+from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
@@ -81,7 +82,8 @@ def measure(config, verbose: bool = True) -> dict:
   """Compiles and times the train step of ``config``; returns the figures."""
   mesh = shd.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
-  model = ProLIP(model_cfg)
+  model = ProLIP(model_cfg, attention=attention_impl_for(
+      mesh.devices.flat, model_cfg.attention_impl))
   tx, schedule = train.make_optimizer(config.optim, config.total_steps)
   init_state, state_shardings = train.train_state_initializer(model, tx, mesh)
   state = init_state(jax.random.key(0))

@@ -19,6 +19,9 @@ def get_config():
   c.model = presets.model_preset('B/16')  # ViT-B/16, 12x768 text, ctx 64 (4.1)
   c.model.compute_dtype = 'bfloat16'  # bf16 compute, fp32 params (4.1)
   c.model.remat = True
+  # One scanned block per tower: the same function, compiled 2.5x faster on
+  # CPU and 5.7x for an H100 (docs/layer_scan.md).
+  c.model.scan = True
   c.model.text.pad_id = 1  # SigLIP vocabulary: pad 1, [MASK] <extra_id_99>
   c.tokenizer.pad_id = 1
   c.tokenizer.mask_id = 32000

@@ -27,6 +27,9 @@ def get_config():
   c.model.release_compat = True
   c.model.compute_dtype = 'bfloat16'
   c.model.remat = True
+  # One scanned block per tower: the same function, compiled 2.5x faster on
+  # CPU and 5.7x for an H100 (docs/layer_scan.md).
+  c.model.scan = True
   c.init_from = ''  # required: --config.init_from=hf-hub:OWNER/NAME or a dir
   c.batch_size = BATCH_SIZE
   c.total_steps = 10_000

@@ -175,9 +175,12 @@ def resolve(name: str) -> Target:
 # Compiling
 
 
-def _model(config):
-  """The ``ProLIP`` of the config (the tokenizer's pad id is the config's;
-  no tokenizer is read) and the [MASK] id to compile with."""
+def _model(config, devices):
+  """The ``ProLIP`` of the config for ``devices`` (attention as
+  ``prolip_jax.main`` picks it for them: cuDNN on NVIDIA GPUs where the
+  shapes allow; the tokenizer's pad id is the config's, no tokenizer is
+  read) and the [MASK] id to compile with."""
+  from prolip_jax.models import attention_impl_for  # pylint: disable=g-import-not-at-top
   from prolip_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
   from prolip_jax.models import ProLIP  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_config(config.model)
@@ -188,7 +191,8 @@ def _model(config):
   # Only a constant in the graph: any id in the vocabulary compiles the same.
   mask_id = (config.tokenizer.mask_id if config.tokenizer.mask_id >= 0
              else cfg.text.vocab_size - 1)
-  return ProLIP(cfg), mask_id
+  return ProLIP(cfg, attention=attention_impl_for(
+      list(devices), cfg.attention_impl)), mask_id
 
 
 def abstract_batch(config, model_cfg, global_batch: int, sharding) -> dict:
@@ -293,7 +297,7 @@ def compile_step(config, target: Target, per_device_batch: int
     shards = shd.num_batch_shards(mesh)
     config.batch_size = per_device_batch * shards
     train.validate_config(config)
-    model, mask_id = _model(config)
+    model, mask_id = _model(config, mesh.devices.flat)
     tx, schedule = train.make_optimizer(config.optim, config.total_steps)
     init_state, shardings = train.run_state_initializer(config, model, tx,
                                                         mesh)
@@ -380,7 +384,7 @@ def compile_loss(config, target: Target, per_device_batch: int,
                          whole_topology=True)
     config.batch_size = per_device_batch * shd.num_batch_shards(mesh)
     train.validate_config(config)
-    model, mask_id = _model(config)
+    model, mask_id = _model(config, mesh.devices.flat)
   objective = objectives.get(config.objective)
   b = config.batch_size
   size = model.config.vision.image_size

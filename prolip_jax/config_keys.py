@@ -100,6 +100,15 @@ KEYS: dict[str, Key] = {
                                '(params stay fp32)'),
     'model.remat': Key(False, 'rematerialise transformer blocks (less '
                        'memory)'),
+    'model.remat_policy': Key('nothing_saveable', 'what remat keeps: '
+                              'nothing_saveable (remat=True as before) | '
+                              'dots_saveable | '
+                              'dots_with_no_batch_dims_saveable'),
+    'model.scan': Key(False, 'one nn.scan over the block stack (layer-'
+                      'stacked params, faster compile)', PARAMETER_TREE),
+    'model.attention_impl': Key('auto', 'auto | xla | cudnn: attention '
+                                'kernel; auto is cuDNN on NVIDIA GPUs where '
+                                'shapes allow'),
     # -- losses
     'loss.alpha1': Key(1e-7, 'inclusion loss weight, image in text (eq. 6)'),
     'loss.alpha2': Key(1e-3, 'inclusion loss weight, full in masked (eq. 6)'),

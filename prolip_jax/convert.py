@@ -31,6 +31,12 @@ Text keys live under ``text.`` (the release's ``ProLIP`` / open_clip's
 ``.bias``) when ``proj_bias`` and a bare ``(W, E)`` matrix otherwise, as in
 open_clip. Flax Dense kernels are ``(in, out)``, torch Linear weights
 ``(out, in)``; the fused ``in_proj_weight`` stacks the q, k, v weights.
+
+A model with ``model.scan`` keeps each tower's blocks in one
+``transformer/resblocks`` subtree whose leaves have a leading layer axis;
+the table above is written for the unrolled ``resblocks_{i}`` layout, and
+``unstack_layers`` / ``stack_layers`` convert at the boundary, so export and
+import give the same state dict either way.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import types
 from typing import Any, Iterable, Mapping, Optional
 
@@ -121,7 +128,8 @@ _TEXT_DEFAULTS = dict(vocab_size=32100, context_length=64, width=768,
 _MODEL_DEFAULTS = dict(embed_dim=768, use_unc=True, release_compat=False,
                        init_logit_scale=10.0, init_logit_bias=-10.0,
                        init_unc_bias=UNC_BIAS_INIT, compute_dtype='float32',
-                       remat=False)
+                       remat=False, remat_policy='nothing_saveable',
+                       scan=False, attention_impl='auto')
 
 
 def model_dict(model_config: Any) -> dict[str, Any]:
@@ -312,6 +320,69 @@ def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
   return out
 
 
+_SCANNED = 'resblocks'  # models.transformer.SCANNED_BLOCKS (no JAX import)
+_UNROLLED = re.compile(r'resblocks_(\d+)$')
+
+
+def _stack_position(path: tuple[str, ...], pattern) -> int:
+  """Index of the block-stack key under a ``transformer`` node, or -1."""
+  for j in range(1, len(path)):
+    if path[j - 1] == 'transformer' and pattern(path[j]):
+      return j
+  return -1
+
+
+def is_scanned(params: Mapping[str, Any]) -> bool:
+  """Whether ``params`` holds a scanned stack (``transformer/resblocks``)."""
+  return any(_stack_position(p, lambda k: k == _SCANNED) >= 0
+             for p in _flatten(params))
+
+
+def unstack_layers(params: Mapping[str, Any]) -> dict[str, Any]:
+  """Scanned layout -> unrolled: ``transformer/resblocks/...`` leaves of shape
+  ``(layers, ...)`` become ``transformer/resblocks_{i}/...`` of shape
+  ``(...)``; everything else is unchanged (an unrolled tree comes back as
+  is)."""
+  out = {}
+  for path, x in _flatten(params).items():
+    j = _stack_position(path, lambda k: k == _SCANNED)
+    if j < 0:
+      out[path] = x
+      continue
+    for i in range(x.shape[0]):
+      out[path[:j] + (f'resblocks_{i}',) + path[j + 1:]] = x[i]
+  return _unflatten(out)
+
+
+def stack_layers(params: Mapping[str, Any]) -> dict[str, Any]:
+  """Unrolled layout -> scanned, the inverse of ``unstack_layers``: each
+  tower's ``resblocks_{0..L-1}`` become one ``resblocks`` whose leaves are
+  the blocks' leaves stacked (numpy) on a new leading axis."""
+  out, groups = {}, {}
+  for path, x in _flatten(params).items():
+    j = _stack_position(path, _UNROLLED.match)
+    if j < 0:
+      out[path] = x
+      continue
+    i = int(_UNROLLED.match(path[j]).group(1))
+    groups.setdefault((path[:j], path[j + 1:]), {})[i] = x
+  for (head, tail), layers in groups.items():
+    if sorted(layers) != list(range(len(layers))):
+      raise ValueError(f"{'/'.join(head)}: blocks {sorted(layers)} are not "
+                       f'0..{len(layers) - 1}')
+    out[head + (_SCANNED,) + tail] = np.stack(
+        [_to_numpy(layers[i]) for i in range(len(layers))])
+  return _unflatten(out)
+
+
+def to_layout(params: Mapping[str, Any], scan: bool) -> dict[str, Any]:
+  """``params`` in the scanned (``scan=True``) or unrolled layout, whichever
+  layout they come in."""
+  if scan:
+    return params if is_scanned(params) else stack_layers(params)
+  return unstack_layers(params) if is_scanned(params) else params
+
+
 def _to_numpy(x: Any) -> np.ndarray:
   """numpy from numpy/JAX arrays and torch tensors (bf16 goes to float32)."""
   if type(x).__module__.startswith('torch'):
@@ -333,10 +404,12 @@ def params_to_state_dict(params: Mapping[str, Any], model_config: Any,
 
   ``text_layout``: 'custom' (``text.*`` keys, the ProLIP release) or 'clip'
   (top-level text keys, open_clip's CLIP); defaults to 'clip' exactly for
-  ``model.text.pool='argmax'``. Raises ValueError when ``params`` does not
-  match ``model_config``.
+  ``model.text.pool='argmax'``. ``params`` may be scanned or unrolled
+  (``model.scan``): the state dict is the same. Raises ValueError when
+  ``params`` does not match ``model_config``.
   """
-  flat = {p: _to_numpy(v) for p, v in _flatten(params).items()}
+  flat = {p: _to_numpy(v)
+          for p, v in _flatten(unstack_layers(params)).items()}
   out, used, missing = {}, set(), []
   for e in state_dict_entries(model_config, text_layout):
     absent = [p for p in e.paths if p not in flat]
@@ -397,7 +470,8 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
 
   Anything else missing, unexpected or of the wrong shape raises one
   ValueError listing every offending key with expected and found shapes.
-  ``model_config``: a ModelConfig or its dict form.
+  ``model_config``: a ModelConfig or its dict form; with ``scan`` the blocks
+  come back stacked (``stack_layers``).
   """
   import jax  # pylint: disable=g-import-not-at-top
   from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
@@ -405,7 +479,9 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
 
   if not isinstance(model_config, ModelConfig):
     model_config = ModelConfig.from_config(model_dict(model_config))
-  cfg = model_config
+  # The table is written for unrolled blocks; a scanned model's are stacked
+  # at the end.
+  cfg = dataclasses.replace(model_config, scan=False)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   sd = _strip_module_prefix({k: v for k, v in state_dict.items()})
   layout = detect_text_layout(sd)
@@ -535,7 +611,8 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
   if missing:  # the entry table and the model disagree: a bug here
     raise AssertionError(f'conversion table misses params {missing}')
   report.converted = len(consumed)
-  return _unflatten({p: flat[p] for p in abstract}), report
+  params = _unflatten({p: flat[p] for p in abstract})
+  return to_layout(params, model_config.scan), report
 
 
 def _positional(e, source, cfg, layout, want, problems, report, init_value,

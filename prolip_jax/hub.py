@@ -329,12 +329,18 @@ def load_params(path: str, model: dict[str, Any]) -> Any:
   return params
 
 
+# model.* keys that say how to compute, not what: a run keeps its own when it
+# starts from a snapshot (the converter stacks layers for a scanned model).
+RUN_MODEL_KEYS = ('compute_dtype', 'remat', 'remat_policy', 'scan',
+                  'attention_impl')
+
+
 def prepare_init_from(config, workdir: str):
   """Applies ``config.init_from`` (snapshot dir or ``hf-hub:...``) to a run.
 
   Without ``init_from`` the config comes back unchanged. Otherwise the
-  snapshot decides ``config.model`` (its architecture; ``compute_dtype`` and
-  ``remat`` stay the run's), the tokenizer (``tokenizer.model_path``,
+  snapshot decides ``config.model`` (its architecture; ``RUN_MODEL_KEYS``
+  (dtype, remat, scan, attention) stay the run's), the tokenizer (``tokenizer.model_path``,
   ``pad_id``, ``mask_id``, ``clean``, ``keep_eos``) and ``data.mean``/
   ``std``/``eval_view``, and, when ``workdir`` has no checkpoint yet, its
   weights become a step-0 checkpoint with no optimizer state, which training
@@ -354,7 +360,7 @@ def prepare_init_from(config, workdir: str):
   path = resolve(src)
   s = snapshot_settings(path, config.get('init_tokenizer') or None)
   run_model = config.model.to_dict() if hasattr(config.model, 'to_dict') else {}
-  model = dict(s.model, **{k: run_model[k] for k in ('compute_dtype', 'remat')
+  model = dict(s.model, **{k: run_model[k] for k in RUN_MODEL_KEYS
                            if k in run_model})
   with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
     config.model = ml_collections.ConfigDict(model)

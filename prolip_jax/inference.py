@@ -26,6 +26,7 @@ from prolip_jax.embedding import as_uint8_image
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
 from prolip_jax.evaluation import metrics
+from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
@@ -62,6 +63,13 @@ class ZeroShotClassifier:
     return np.argmax(self.scores(images, metric), axis=1)
 
 
+def _attention_here(model_config: ModelConfig) -> str:
+  """The attention implementation for this process's default device (where
+  the encoders run); a model trained with cuDNN still loads on a CPU."""
+  requested = 'xla' if model_config.attention_impl == 'xla' else 'auto'
+  return attention_impl_for(jax.local_devices()[:1], requested)
+
+
 class LoadedModel:
   """A model with its tokenizer and eval transform, ready to embed inputs.
 
@@ -84,7 +92,8 @@ class LoadedModel:
     self.objective = objective
     self.image_view = image_view  # 'default' or 'release' (open_clip's)
     enc_img, enc_txt = objectives.get(objective).encoders(
-        ProLIP(model_config), params, run_config or {})
+        ProLIP(model_config, attention=_attention_here(model_config)),
+        params, run_config or {})
     norm = lambda x: normalize_images(x, self.mean, self.std)
     # uint8 (n, s, s, 3) -> (mu, logvar); with patch indices (n, k); tokens.
     self.image_fn = jax.jit(lambda x: enc_img(norm(x)))

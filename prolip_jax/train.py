@@ -33,6 +33,7 @@ from prolip_jax import config_drift
 from prolip_jax import config_keys
 from prolip_jax import errors
 from prolip_jax import hub
+from prolip_jax import models
 from prolip_jax import objectives
 from prolip_jax import progress
 from prolip_jax import sharding as shd
@@ -45,6 +46,7 @@ from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.models.transformer import SCANNED_BLOCKS
 from prolip_jax.workdir_lock import WorkdirLock
 
 
@@ -72,8 +74,12 @@ def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
 
 def weight_decay_mask(params: Any) -> Any:
   """Decay matrices and kernels only: not norms, biases, [CLS]/[UNC] tokens,
-  nor the scalars a and b (everything with fewer than two dimensions)."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  nor the scalars a and b (everything with fewer than two dimensions, not
+  counting the layer axis of a scanned block stack)."""
+  def decays(path, p):
+    stacked = any(getattr(k, 'key', None) == SCANNED_BLOCKS for k in path)
+    return p.ndim - int(stacked) >= 2
+  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 # The parameters that produce log sigma^2 and nothing else: the [UNC] tokens
@@ -465,7 +471,10 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
     tokenizer = setup_tokenizer(config, workdir, corpus,
                                 _stored_meta(workdir))
     model_cfg = model_config_for(config, tokenizer)
-    model = ProLIP(model_cfg)
+    # Attention kernel for the devices the step is compiled for (the mesh),
+    # never the default backend (ahead-of-time compilation targets others).
+    model = ProLIP(model_cfg, attention=models.attention_impl_for(
+        mesh.devices.flat, model_cfg.attention_impl))
     tx, schedule = make_optimizer(config.optim, config.total_steps)
     dataset = pipeline.train_dataset(
         source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,

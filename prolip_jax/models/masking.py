@@ -8,6 +8,12 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+def num_kept_patches(num_patches: int, keep_ratio: float) -> int:
+  """Patches a masked image keeps: ``round(num_patches * keep_ratio)``, at
+  least one (49 of 196 for B/16 at the paper's 25%)."""
+  return max(1, int(round(num_patches * keep_ratio)))
+
+
 def random_keep_indices(rng: Array, batch_size: int, num_patches: int,
                         keep_ratio: float) -> Array:
   """Patch indices kept by token drop, ``(batch_size, n_keep)`` int32.
@@ -16,7 +22,7 @@ def random_keep_indices(rng: Array, batch_size: int, num_patches: int,
   so kept patches stay in raster order. ``keep_ratio`` is the fraction kept:
   0.25 for the paper's "mask 75%", 0.75 for the release's behaviour.
   """
-  n_keep = max(1, int(round(num_patches * keep_ratio)))
+  n_keep = num_kept_patches(num_patches, keep_ratio)
   noise = jax.random.uniform(rng, (batch_size, num_patches))
   keep = jnp.argsort(noise, axis=1)[:, :n_keep]
   return jnp.sort(keep, axis=1).astype(jnp.int32)

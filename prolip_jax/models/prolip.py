@@ -11,10 +11,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from prolip_jax.models.attention import IMPLEMENTATIONS
 from prolip_jax.models.towers import ImageTower
 from prolip_jax.models.towers import TextConfig
 from prolip_jax.models.towers import TextTower
 from prolip_jax.models.towers import VisionConfig
+from prolip_jax.models.transformer import REMAT_POLICIES
+from prolip_jax.models.transformer import StackOptions
 
 Array = jax.Array
 
@@ -34,7 +37,13 @@ class ModelConfig:
   init_logit_bias: float = -10.0  # b
   init_unc_bias: float = -10.0  # bias of the log sigma^2 heads (paper 4.1)
   compute_dtype: str = 'float32'
+  # How the towers' block stacks compile (see transformer.StackOptions):
+  # remat=True with the default policy is the historical model.remat=True.
   remat: bool = False
+  remat_policy: str = 'nothing_saveable'  # used when remat=True
+  scan: bool = False  # parameters stacked on a layer axis, see convert.py
+  # 'auto' | 'xla' | 'cudnn', resolved per device by attention_impl_for.
+  attention_impl: str = 'auto'
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> 'ModelConfig':
@@ -61,6 +70,12 @@ class ModelConfig:
     if self.text.pool == 'argmax' and self.use_unc:
       raise ValueError("model.text.pool='argmax' (open_clip CLIP text tower) "
                        'has no [UNC] token: set model.use_unc=False')
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'model.remat_policy must be one of {REMAT_POLICIES}, '
+                       f'got {self.remat_policy!r}')
+    if self.attention_impl not in IMPLEMENTATIONS:
+      raise ValueError(f'model.attention_impl must be one of '
+                       f'{IMPLEMENTATIONS}, got {self.attention_impl!r}')
     if self.vision.image_size % self.vision.patch_size:
       raise ValueError('model.vision.image_size must be a multiple of '
                        'model.vision.patch_size')
@@ -89,17 +104,29 @@ class ProLIP(nn.Module):
   ``logit_scale`` holds log a (PPCL/SigLIP temperature, eq. 2) and
   ``logit_bias`` holds b. Call ``encode_image`` / ``encode_text`` through
   ``apply(..., method=...)``; ``__call__`` runs both (used for ``init``).
+
+  ``attention``: 'xla' or 'cudnn', the implementation for the devices the
+  model is compiled for: ``attention_impl_for(devices,
+  config.attention_impl)``, computed by whoever builds the step (the model
+  never looks at devices). Calls cuDNN refuses run on XLA either way.
   """
   config: ModelConfig
+  attention: str = 'xla'
 
   def setup(self):
     cfg = self.config
+    if self.attention not in ('xla', 'cudnn'):
+      raise ValueError("ProLIP.attention must be 'xla' or 'cudnn' (resolve "
+                       f"'auto' with attention_impl_for), got "
+                       f'{self.attention!r}')
     dtype = _DTYPES[cfg.compute_dtype]
+    options = StackOptions(cfg.remat, cfg.remat_policy, cfg.scan,
+                           self.attention)
     self.visual = ImageTower(cfg.vision, cfg.embed_dim, cfg.use_unc,
-                             cfg.release_compat, dtype, cfg.remat,
+                             cfg.release_compat, dtype, options,
                              cfg.init_unc_bias)
     self.text = TextTower(cfg.text, cfg.embed_dim, cfg.use_unc,
-                          cfg.release_compat, dtype, cfg.remat,
+                          cfg.release_compat, dtype, options,
                           cfg.init_unc_bias)
     self.logit_scale = self.param(
         'logit_scale', nn.initializers.constant(math.log(cfg.init_logit_scale)),

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from prolip_jax.models.transformer import Encoder
+from prolip_jax.models.transformer import StackOptions
 
 Array = jax.Array
 
@@ -90,7 +91,7 @@ class ImageTower(nn.Module):
   use_unc: bool = True
   release_compat: bool = False
   dtype: Any = jnp.float32
-  remat: bool = False
+  options: StackOptions = StackOptions()
   init_unc_bias: float = UNC_BIAS_INIT
 
   @nn.compact
@@ -122,7 +123,7 @@ class ImageTower(nn.Module):
     x = jnp.concatenate([special, x], axis=1)
     x = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=self.dtype, name='ln_pre')(x)
     x = Encoder(cfg.width, cfg.layers, cfg.heads, int(cfg.width * cfg.mlp_ratio),
-                cfg.act, cfg.ln_eps, self.dtype, self.remat,
+                cfg.act, cfg.ln_eps, self.dtype, self.options,
                 name='transformer')(x)
     ln_post = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=self.dtype, name='ln_post')
     x = ln_post(x)
@@ -151,7 +152,7 @@ class TextTower(nn.Module):
   use_unc: bool = True
   release_compat: bool = False
   dtype: Any = jnp.float32
-  remat: bool = False
+  options: StackOptions = StackOptions()
   init_unc_bias: float = UNC_BIAS_INIT
 
   @nn.compact
@@ -181,16 +182,15 @@ class TextTower(nn.Module):
         x = jnp.where((positions == n_real)[..., None], unc_emb, x)
     pos = self.param('positional_embedding', init, (total, cfg.width))
     x = (x + pos).astype(self.dtype)
-    mask = None
+    # Keys that exist: the first n_real + n_special positions (a prefix, so
+    # lengths rather than a boolean mask: cuDNN takes lengths, see
+    # models/attention.py). The release attends to padding too.
+    kv_lengths = None
     if not self.release_compat:
-      valid = positions < n_real + n_special  # (b, total) keys that exist
-      mask = valid[:, None, None, :]
-    if cfg.causal:
-      causal = jnp.tril(jnp.ones((total, total), bool))[None, None]
-      mask = causal if mask is None else mask & causal
+      kv_lengths = (n_real + n_special)[:, 0].astype(jnp.int32)
     x = Encoder(cfg.width, cfg.layers, cfg.heads, int(cfg.width * cfg.mlp_ratio),
-                cfg.act, cfg.ln_eps, self.dtype, self.remat,
-                name='transformer')(x, mask)
+                cfg.act, cfg.ln_eps, self.dtype, self.options, cfg.causal,
+                name='transformer')(x, kv_lengths)
     x = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=self.dtype, name='ln_final')(x)
     take = lambda idx: jnp.take_along_axis(x, idx[:, :, None], axis=1)[:, 0]
     if cfg.pool == 'argmax':

@@ -3,15 +3,24 @@
 Parameter names follow open_clip's layout where that costs nothing (``ln_1``,
 ``attn``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``) so the PyTorch converter is a
 table of renames; q/k/v stay separate Dense layers (fused only on export).
+
+With ``scan`` the blocks are one ``flax.linen.scan`` over a block whose
+parameters carry a leading ``layers`` axis (``resblocks/...``, as in
+big_vision's ViT): XLA compiles one block instead of ``layers`` copies.
+Without it they are ``resblocks_{i}``. ``convert.stack_layers`` /
+``unstack_layers`` move parameters between the two layouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from prolip_jax.models.attention import dot_product_attention
 
 Array = jax.Array
 Dtype = Any
@@ -43,45 +52,47 @@ class Mlp(nn.Module):
     return nn.Dense(self.width, dtype=self.dtype, name='c_proj')(x)
 
 
-def attention_implementation(backend: str, dtype: Any, head_dim: int) -> str:
-  """The ``jax.nn.dot_product_attention`` implementation to ask for first.
+# Names of jax.checkpoint_policies that model.remat_policy accepts. The
+# default, 'nothing_saveable', is what model.remat=True has always meant
+# (jax.checkpoint's default: keep only each block's input).
+REMAT_POLICIES = ('nothing_saveable', 'dots_saveable',
+                  'dots_with_no_batch_dims_saveable')
 
-  cuDNN's fused (flash) attention on GPUs for half-precision inputs with head
-  dimensions it supports (multiples of 8 up to 128); XLA's otherwise (CPU,
-  TPU, float32). ``jax.nn.dot_product_attention``'s own default is always
-  XLA, so the choice is made here.
+# Name of the scanned block stack in the parameter tree (its leaves carry a
+# leading ``layers`` axis); unrolled blocks are ``resblocks_{i}``.
+SCANNED_BLOCKS = 'resblocks'
+
+
+@dataclasses.dataclass(frozen=True)
+class StackOptions:
+  """How the block stack is compiled; none of it changes the function.
+
+  ``remat``: rematerialise each block in the backward pass with
+  ``jax.checkpoint_policies.<remat_policy>`` (``REMAT_POLICIES``).
+  ``scan``: one ``nn.scan`` over the blocks (parameters stacked on a leading
+  axis) instead of ``layers`` unrolled copies. ``attention``: 'xla' or
+  'cudnn', from ``attention.attention_impl_for``.
   """
-  if (backend == 'gpu' and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-      and head_dim % 8 == 0 and head_dim <= 128):
-    return 'cudnn'
-  return 'xla'
-
-
-def dot_product_attention(q: Array, k: Array, v: Array,
-                          mask: Optional[Array] = None,
-                          backend: Optional[str] = None) -> Array:
-  """Softmax attention of ``(b, t, heads, head_dim)`` inputs, through cuDNN
-  where ``attention_implementation`` says so, falling back to XLA when cuDNN
-  refuses the call (version, shape or mask it does not support)."""
-  backend = backend or jax.default_backend()
-  if attention_implementation(backend, q.dtype, q.shape[-1]) == 'cudnn':
-    try:
-      return jax.nn.dot_product_attention(q, k, v, mask=mask,
-                                          implementation='cudnn')
-    except Exception:  # pylint: disable=broad-except
-      pass  # refused at trace time: XLA computes the same function
-  return jax.nn.dot_product_attention(q, k, v, mask=mask,
-                                      implementation='xla')
+  remat: bool = False
+  remat_policy: str = 'nothing_saveable'
+  scan: bool = False
+  attention: str = 'xla'
 
 
 class Attention(nn.Module):
-  """Multi-head self-attention; ``mask`` is boolean ``(b, 1, q, k)``."""
+  """Multi-head self-attention over ``(b, t, width)``.
+
+  ``kv_lengths``: optional ``(b,)`` number of leading positions that exist
+  (keys beyond it are masked); ``causal``: position i sees keys <= i.
+  """
   width: int
   heads: int
   dtype: Dtype = jnp.float32
+  causal: bool = False
+  implementation: str = 'xla'
 
   @nn.compact
-  def __call__(self, x: Array, mask: Optional[Array] = None) -> Array:
+  def __call__(self, x: Array, kv_lengths: Optional[Array] = None) -> Array:
     if self.width % self.heads:
       raise ValueError(f'width {self.width} not divisible by {self.heads} heads')
     b, t, _ = x.shape
@@ -90,32 +101,42 @@ class Attention(nn.Module):
     q = split(nn.Dense(self.width, dtype=self.dtype, name='q')(x))
     k = split(nn.Dense(self.width, dtype=self.dtype, name='k')(x))
     v = split(nn.Dense(self.width, dtype=self.dtype, name='v')(x))
-    out = dot_product_attention(q, k, v, mask=mask)
+    out = dot_product_attention(q, k, v, kv_lengths, self.causal,
+                                self.implementation)
     out = out.reshape(b, t, self.width)
     return nn.Dense(self.width, dtype=self.dtype, name='out_proj')(out)
 
 
 class EncoderBlock(nn.Module):
-  """x + attn(ln_1(x)); x + mlp(ln_2(x))."""
+  """x + attn(ln_1(x)); x + mlp(ln_2(x)).
+
+  ``scanned``: return ``(x, None)``, the carry/output pair of ``nn.scan``.
+  """
   width: int
   heads: int
   mlp_dim: int
   act: str = 'gelu'
   ln_eps: float = 1e-5
   dtype: Dtype = jnp.float32
+  causal: bool = False
+  attention: str = 'xla'
+  scanned: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, mask: Optional[Array] = None) -> Array:
+  def __call__(self, x: Array, kv_lengths: Optional[Array] = None):
     ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype,
                                    name=name)
-    x = x + Attention(self.width, self.heads, self.dtype, name='attn')(
-        ln('ln_1')(x), mask)
-    return x + Mlp(self.width, self.mlp_dim, self.act, self.dtype,
-                   name='mlp')(ln('ln_2')(x))
+    x = x + Attention(self.width, self.heads, self.dtype, self.causal,
+                      self.attention, name='attn')(ln('ln_1')(x), kv_lengths)
+    x = x + Mlp(self.width, self.mlp_dim, self.act, self.dtype,
+                name='mlp')(ln('ln_2')(x))
+    return (x, None) if self.scanned else x
 
 
 class Encoder(nn.Module):
-  """A stack of ``layers`` pre-LN blocks named ``resblocks_{i}``."""
+  """A stack of ``layers`` pre-LN blocks: ``resblocks_{i}``, or with
+  ``options.scan`` one scanned ``resblocks`` whose leaves have a leading
+  ``layers`` axis. ``kv_lengths`` and ``causal``: see ``Attention``."""
   width: int
   layers: int
   heads: int
@@ -123,14 +144,34 @@ class Encoder(nn.Module):
   act: str = 'gelu'
   ln_eps: float = 1e-5
   dtype: Dtype = jnp.float32
-  remat: bool = False
+  options: StackOptions = StackOptions()
+  causal: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, mask: Optional[Array] = None) -> Array:
-    # Rematerialising each block trades one extra forward for activation
-    # memory of a single block per layer.
-    block_cls = nn.remat(EncoderBlock) if self.remat else EncoderBlock
+  def __call__(self, x: Array, kv_lengths: Optional[Array] = None) -> Array:
+    opts = self.options
+    block_cls = EncoderBlock
+    if opts.remat:
+      # Rematerialising each block trades one extra forward for activation
+      # memory; the policy picks what the backward pass may keep.
+      if opts.remat_policy not in REMAT_POLICIES:
+        raise ValueError(f'model.remat_policy must be one of '
+                         f'{REMAT_POLICIES}, got {opts.remat_policy!r}')
+      policy = (None if opts.remat_policy == 'nothing_saveable' else
+                getattr(jax.checkpoint_policies, opts.remat_policy))
+      # Inside scan the loop already keeps XLA from merging the recomputation
+      # into the forward pass, so CSE prevention only costs (big_vision).
+      block_cls = nn.remat(block_cls, policy=policy,
+                           prevent_cse=not opts.scan)
+    kwargs = dict(width=self.width, heads=self.heads, mlp_dim=self.mlp_dim,
+                  act=self.act, ln_eps=self.ln_eps, dtype=self.dtype,
+                  causal=self.causal, attention=opts.attention)
+    if opts.scan:
+      stack = nn.scan(block_cls, variable_axes={'params': 0},
+                      split_rngs={'params': True}, in_axes=nn.broadcast,
+                      length=self.layers)
+      x, _ = stack(**kwargs, scanned=True, name=SCANNED_BLOCKS)(x, kv_lengths)
+      return x
     for i in range(self.layers):
-      x = block_cls(self.width, self.heads, self.mlp_dim, self.act,
-                    self.ln_eps, self.dtype, name=f'resblocks_{i}')(x, mask)
+      x = block_cls(**kwargs, name=f'resblocks_{i}')(x, kv_lengths)
     return x

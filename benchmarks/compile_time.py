@@ -1,0 +1,143 @@
+"""Compile time of the towers with and without ``model.scan`` (CPU, jit).
+
+  PYTHONPATH=$PWD python benchmarks/compile_time.py \
+      --models=B/16,SO400M/14 --scan=false,true --what=train_step
+
+For each model and scan setting, lowers and compiles (for this process's
+default backend, normally the CPU) either the forward+backward of both
+towers (``--what=forward_backward``: a scalar of the image, masked-image and
+text outputs, differentiated w.r.t. the parameters) or the full train step
+of ``configs/prolip_b16.py`` with the model swapped in (``--what=train_step``:
+loss, masked copies, AdamW, as ``prolip_jax.train`` jits it). Inputs are
+abstract (``jax.ShapeDtypeStruct``): nothing is allocated or run. Prints a
+Markdown table (trace+lower seconds, compile seconds, HLO size) and one JSON
+line per row.
+
+SO400M/14 is SigLIP's shape-optimised ViT (width 1152, 27 layers, 16 heads,
+MLP 4304) with a text tower of the same shape, as in the ProLIP release's
+SO400M model; there is no preset for it, so its shape is written here.
+"""
+
+import json
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+from prolip_jax import objectives
+from prolip_jax import presets
+from prolip_jax import sharding as shd
+from prolip_jax import train
+from prolip_jax.models import attention_impl_for
+from prolip_jax.models import masking
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
+
+flags.DEFINE_list('models', ['B/16', 'SO400M/14'], 'model shapes to compile')
+flags.DEFINE_list('scan', ['false', 'true'], 'model.scan values')
+flags.DEFINE_enum('what', 'forward_backward', ['forward_backward',
+                                                'train_step'],
+                  'what to compile')
+flags.DEFINE_integer('batch', 8, 'global batch of the compiled program')
+flags.DEFINE_bool('remat', True, 'model.remat (the B/16 config has it on)')
+flags.DEFINE_string('remat_policy', 'nothing_saveable', 'model.remat_policy')
+flags.DEFINE_string('dtype', 'bfloat16', 'model.compute_dtype')
+
+
+def model_dict(name: str) -> dict:
+  """``config.model`` of a named shape (presets, plus SO400M/14)."""
+  if name == 'SO400M/14':
+    cfg = presets.model_preset('B/16').to_dict()
+    tower = dict(width=1152, layers=27, heads=16, mlp_ratio=4304 / 1152,
+                 act='gelu_tanh')
+    cfg['vision'].update(tower, image_size=224, patch_size=14)
+    cfg['text'].update(tower)
+    cfg['embed_dim'] = 1152
+    return cfg
+  return presets.model_preset(name).to_dict()
+
+
+def compile_once(name: str, scan: bool) -> dict:
+  """Lowers and compiles one program; returns its timings."""
+  config = presets.load_config_file('configs/prolip_b16.py')
+  model_d = model_dict(name)
+  model_d.update(scan=scan, remat=flags.FLAGS.remat,
+                 remat_policy=flags.FLAGS.remat_policy,
+                 compute_dtype=flags.FLAGS.dtype)
+  model_d['text']['pad_id'] = 1
+  model_cfg = ModelConfig.from_config(model_d)
+  mesh = shd.make_mesh(config.mesh)
+  model = ProLIP(model_cfg, attention=attention_impl_for(
+      mesh.devices.flat, model_cfg.attention_impl))
+  b = flags.FLAGS.batch
+  size, ctx = model_cfg.vision.image_size, model_cfg.text.context_length
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  if flags.FLAGS.what == 'forward_backward':
+    images = jax.ShapeDtypeStruct((b, size, size, 3), jnp.float32)
+    tokens = jax.ShapeDtypeStruct((b, ctx), jnp.int32)
+    n_keep = masking.num_kept_patches(model_cfg.num_patches, 0.25)
+    keep = jax.ShapeDtypeStruct((b, n_keep), jnp.int32)
+    params = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)),
+                           jnp.zeros((1, ctx), jnp.int32))['params'])
+
+    def loss(p, images, tokens, keep):
+      apply = lambda *a, m: model.apply({'params': p}, *a, method=m)
+      outs = (apply(images, m='encode_image'),
+              apply(images, keep, m='encode_image'),
+              apply(tokens, m='encode_text'))
+      return sum(jnp.sum(x) for x in jax.tree.leaves(outs))
+
+    fn, args = jax.jit(jax.grad(loss)), (params, images, tokens, keep)
+  else:
+    config.batch_size = b
+    objective = objectives.get(config.objective)
+    tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+    init_state, state_shardings = train.train_state_initializer(
+        model, tx, mesh, with_teacher=objective.uses_teacher)
+    state = jax.eval_shape(init_state, jax.random.key(0))
+    fn = jax.jit(
+        train.make_train_step(model, config, tx, schedule, mesh,
+                              config.tokenizer.mask_id),
+        in_shardings=(state_shardings, shd.batch_sharding(mesh),
+                      shd.replicated(mesh)),
+        out_shardings=(state_shardings, shd.replicated(mesh)),
+        donate_argnums=(0,))
+    batch = {'image': jax.ShapeDtypeStruct((b, size, size, 3), jnp.uint8),
+             'tokens': jax.ShapeDtypeStruct((b, ctx), jnp.int32),
+             'aug': jax.ShapeDtypeStruct((b, 11), jnp.float32)}
+    args = (state, batch, key)
+  t0 = time.perf_counter()
+  lowered = fn.lower(*args)
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  t2 = time.perf_counter()
+  return {'model': name, 'scan': scan, 'what': flags.FLAGS.what,
+          'remat': model_cfg.remat, 'remat_policy': model_cfg.remat_policy,
+          'batch': b, 'lower_s': round(t1 - t0, 2),
+          'compile_s': round(t2 - t1, 2),
+          'hlo_chars': len(compiled.as_text()),
+          'backend': jax.default_backend(), 'jax': jax.__version__}
+
+
+def main(argv):
+  del argv
+  rows = []
+  print('| model | scan | trace+lower (s) | compile (s) | total (s) | '
+        'optimised HLO (chars) |')
+  print('|---|---|---|---|---|---|')
+  for name in flags.FLAGS.models:
+    for scan in flags.FLAGS.scan:
+      r = compile_once(name, scan.lower() in ('1', 'true', 'yes'))
+      rows.append(r)
+      print(f"| {r['model']} | {r['scan']} | {r['lower_s']:.1f} | "
+            f"{r['compile_s']:.1f} | {r['lower_s'] + r['compile_s']:.1f} | "
+            f"{r['hlo_chars']:,} |", flush=True)
+  for r in rows:
+    print(json.dumps(r))
+
+
+if __name__ == '__main__':
+  app.run(main)
