@@ -162,6 +162,14 @@ class NonFiniteMonitor:
           + '; lower optim.lr or check the data')
 
 
+def status(message: str, is_chief: bool = True):
+  """One line saying what a slow phase is doing before it starts (the
+  tokenizer, the first compilation, the held-out set), so a long silence is
+  never the only output; printed by the chief process only."""
+  if is_chief:
+    print(message, flush=True)
+
+
 def fmt_time(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   h, rem = divmod(seconds, 3600)

@@ -198,8 +198,10 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]],
                        f'{config.data.name!r} has no caption corpus to train '
                        'one on')
     if jax.process_index() == 0 and not os.path.exists(path):
-      logging.info('Training a sentencepiece tokenizer -> %s', path)
-      train_tokenizer(corpus(), path, config.tokenizer.vocab_size)
+      sentences = corpus()
+      progress.status(f'Training a sentencepiece tokenizer on '
+                      f'{len(sentences):,} captions -> {path}')
+      train_tokenizer(sentences, path, config.tokenizer.vocab_size)
     src = path
   if jax.process_count() > 1:  # the other hosts wait for process 0's file
     multihost_utils.sync_global_devices('prolip_jax tokenizer')
@@ -550,6 +552,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
     # `python -m prolip_jax.evaluate` on a checkpoint.
     if config.data.name not in train_time.HELDOUT:
       return {}
+    progress.status(f'Evaluating on the held-out {config.data.name} set '
+                    f'(step {step})', is_chief)
     # Every host evaluates the same replicated parameters on the held-out set.
     encoders = train_time.jit_encoders(objective, model,
                                        gather(state.params), config)
@@ -580,8 +584,17 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
         save(step, force=True)  # keep the progress; the data needs fixing
         raise
       batch = shd.host_to_global(mesh, local_batch)
+      first = step == start
+      if first:
+        progress.status('Compiling the train step (the first step includes '
+                        'it)', is_chief)
       state, metrics = train_step(state, batch, step_rng)
       step += 1
+      if first:
+        jax.block_until_ready(metrics['loss'])
+        progress.status(f'Compiled and ran step {step} in '
+                        f'{progress.fmt_time(time.time() - t_start)}',
+                        is_chief)
       monitor.add(step, metrics['nonfinite'])
       if step % config.log_every_steps == 0 or step == end:
         metrics = jax.device_get(metrics)
@@ -601,6 +614,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
           print(progress.progress_line(step, config.total_steps, last_metrics,
                                (end - step) * config.batch_size /
                                max(rate, 1e-9), now - t_start), flush=True)
+        t_log, step_log = time.time(), step
+      elif first:  # samples/s and the ETA count from here: compiling is no step
         t_log, step_log = time.time(), step
       if step % config.checkpoint_every_steps == 0:
         monitor.flush()

@@ -447,8 +447,15 @@ def test_drift_scenario_from_the_command_line_keeps_the_checkpoints(tmp_path):
   flags = [f'--config={MICRO}', f'--workdir={tmp_path}',
            '--config.total_steps=20', '--config.checkpoint_every_steps=10',
            '--config.log_every_steps=5']
-  code, _, err = _run_main(*flags)
+  code, out, err = _run_main(*flags)
   assert code == 0, err
+  # A status line before each slow phase, in the order they happen.
+  order = ['Training a sentencepiece tokenizer on ', 'prolip_jax: prolip on',
+           'Compiling the train step', 'Compiled and ran step 1 in',
+           '[5/20]', 'Evaluating on the held-out digits set (step 20)',
+           'Finished at step 20']
+  positions = [out.find(text) for text in order]
+  assert -1 not in positions and positions == sorted(positions), out
   before = _tree_digest(tmp_path / 'checkpoints')
   assert {k.split(os.sep)[0] for k in before} == {'10', '20'}
   code, out, err = _run_main(*flags, '--config.optim.grad_clip=1.0')
@@ -465,6 +472,7 @@ def test_drift_scenario_from_the_command_line_keeps_the_checkpoints(tmp_path):
                              '--config.log_every_steps=5')
   assert code == 0, err
   assert 'steps 20 -> 25 of 25' in out and 'total_steps: 20 -> 25' in out
+  assert 'Training a sentencepiece tokenizer' not in out  # the workdir's own
   assert not os.path.exists(tmp_path / 'checkpoints_unreadable')
   after = _tree_digest(tmp_path / 'checkpoints')
   assert {k: v for k, v in after.items() if k.startswith('20' + os.sep)} == {
