@@ -805,7 +805,7 @@ def model_dict_from_json(cfg_json: Mapping[str, Any]) -> dict[str, Any]:
   }
   scale = cfg_json.get('init_logit_scale')
   bias = cfg_json.get('init_logit_bias')
-  return {
+  return model_dict({  # the fields the schema has no word for: defaults
       'embed_dim': cfg_json.get('embed_dim', 512), 'vision': vision,
       'text': text, 'use_unc': unc_v,
       'release_compat': bool(project.get('release_compat',
@@ -814,7 +814,7 @@ def model_dict_from_json(cfg_json: Mapping[str, Any]) -> dict[str, Any]:
       'init_logit_bias': bias if bias is not None else -10.0,
       'init_unc_bias': vc.get('init_unc_bias', UNC_BIAS_INIT),
       'compute_dtype': 'float32', 'remat': False,
-  }
+  })
 
 
 def model_config_from_json(cfg_json: Mapping[str, Any]):

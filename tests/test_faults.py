@@ -536,6 +536,7 @@ def test_each_optimizer_key_on_resume_resumes_or_refuses(tmp_path):
   assert step == 2 + sum(not config_keys.KEYS[k].fixed for k in OPTIM_CHANGES)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_tree_is_refused_not_set_aside(
     tmp_path, monkeypatch):
   """The restore itself cannot destroy: with the drift rule for
@@ -571,6 +572,7 @@ def _meta_file(workdir, step):
   raise AssertionError(f'no meta JSON under {meta_dir}')
 
 
+@pytest.mark.slow
 def test_an_embed_dim_edited_into_the_saved_config_is_refused_untouched(
     tmp_path):
   """The issue's second case: the newest checkpoint's stored config says
@@ -600,6 +602,7 @@ def test_an_embed_dim_edited_into_the_saved_config_is_refused_untouched(
                                   str(tmp_path))['step'] == 5
 
 
+@pytest.mark.slow
 def test_set_aside_steps_are_not_trained_over_without_being_asked(
     tmp_path, capfd):
   train.train_and_evaluate(micro_config(total_steps=3), str(tmp_path))
@@ -627,6 +630,7 @@ def test_set_aside_steps_are_not_trained_over_without_being_asked(
 # metrics.jsonl: every step once
 
 
+@pytest.mark.slow
 def test_resume_drops_rows_after_the_checkpoint_and_a_cut_line(tmp_path,
                                                              capfd):
   """A kill after step 6 was logged but before it was checkpointed, in the

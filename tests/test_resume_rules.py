@@ -150,3 +150,37 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
   assert 'trying step 3' in err and len(err.strip().splitlines()) == 1, err
   for key, value in saved[3].items():
     np.testing.assert_array_equal(np.asarray(params[key]), value)
+
+
+def test_a_checkpoint_of_another_tree_is_refused_not_set_aside(tmp_path):
+  """Checkpoints written directly; restoring them onto targets of another
+  shape (what an edited ``model.embed_dim`` asks for) or another
+  optimizer-state structure (``optim.grad_clip`` > 0 adds a clip state)
+  raises ``TreeMismatchError`` and moves nothing, while restoring onto the
+  right targets returns the exact arrays."""
+  import jax  # pylint: disable=g-import-not-at-top
+  params = {'w': np.arange(12, dtype=np.float32).reshape(4, 3)}
+  opt_state = {'mu': np.ones((4, 3), np.float32)}
+  with checkpoint.manager(str(tmp_path)) as mngr:
+    assert checkpoint.save(mngr, 5, params, opt_state, {'step': 5},
+                           force=True)
+    mngr.wait_until_finished()
+  listing = sorted(os.listdir(tmp_path / 'checkpoints' / '5'))
+  shape = lambda t: jax.tree.map(  # pylint: disable=g-long-lambda
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
+  wrong = [({'w': jax.ShapeDtypeStruct((4, 2), np.float32)}, shape(opt_state)),
+           (shape(params), {'mu': shape(opt_state)['mu'],
+                            'clip': jax.ShapeDtypeStruct((), np.float32)})]
+  for abstract_params, abstract_opt in wrong:
+    with checkpoint.manager(str(tmp_path)) as mngr:
+      with pytest.raises(checkpoint.TreeMismatchError):
+        checkpoint.restore_newest(mngr, abstract_params, abstract_opt,
+                                  set_aside=True)
+    assert not os.path.exists(tmp_path / checkpoint.UNREADABLE_DIR)
+    assert sorted(os.listdir(tmp_path / 'checkpoints' / '5')) == listing
+  with checkpoint.manager(str(tmp_path)) as mngr:
+    step, (got, got_opt, _, _) = checkpoint.restore_newest(
+        mngr, shape(params), shape(opt_state), set_aside=True)
+  assert step == 5
+  np.testing.assert_array_equal(np.asarray(got['w']), params['w'])
+  np.testing.assert_array_equal(np.asarray(got_opt['mu']), opt_state['mu'])
