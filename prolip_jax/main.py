@@ -126,9 +126,14 @@ def _cpu_only_without_accelerators():
   if 'JAX_PLATFORMS' in os.environ or importlib.util.find_spec(
       'libtpu') is None:
     return
-  from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
-  if (hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0
-      and not hardware_utils.has_visible_nvidia_gpu()):
+  try:  # jax's own detection (private: a later jax may move it)
+    from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
+    no_accelerator = (
+        hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0
+        and not hardware_utils.has_visible_nvidia_gpu())
+  except (ImportError, AttributeError):
+    return  # then jax decides, warnings and all
+  if no_accelerator:
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update('jax_platforms', 'cpu')  # jax has read the env already
 
