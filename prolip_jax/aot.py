@@ -24,6 +24,7 @@ Exit status 2 with one line ``error: ...`` for a user error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -107,21 +108,33 @@ def h100_spec() -> str:
     return ''.join(l for l in f if not l.lstrip().startswith('#'))
 
 
+@contextlib.contextmanager
 def _quiet_tpu_environment(gen: str, grid: str):
   """libtpu on a machine without TPUs: no lockfile between compiling
   processes, no metadata-server or worker-hostname probing (their warnings
-  are noise here)."""
+  are noise here). The worker variables are put back on exit: a process
+  started later from this one (``prolip_jax.main``) would take them for a
+  TPU pod's."""
   chips = 1
   for d in grid.split('x'):
     chips *= int(d)
   cloud = {'v4': f'v4-{2 * chips}', 'v5p': f'v5p-{2 * chips}',
            'v5e': f'v5litepod-{chips}', 'v6e': f'v6e-{chips}'}[gen]
-  for key, value in (('ALLOW_MULTIPLE_LIBTPU_LOAD', '1'),
-                     ('TPU_ACCELERATOR_TYPE', cloud),
+  before = set(os.environ)
+  for key, value in (('TPU_ACCELERATOR_TYPE', cloud),
                      ('TPU_SKIP_MDS_QUERY', '1'),
                      ('TPU_WORKER_ID', '0'),
                      ('TPU_WORKER_HOSTNAMES', 'localhost')):
     os.environ.setdefault(key, value)
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # kept: harmless
+  added = [k for k in ('TPU_ACCELERATOR_TYPE', 'TPU_SKIP_MDS_QUERY',
+                       'TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES')
+           if k not in before]
+  try:
+    yield
+  finally:
+    for key in added:
+      os.environ.pop(key, None)
 
 
 def _gpu_environment():
@@ -141,15 +154,16 @@ def resolve(name: str) -> Target:
     if importlib.util.find_spec('libtpu') is None:
       raise ToolchainError("libtpu is not installed (TPU topologies need it):"
                            " pip install -e '.[tpu]'")
-    _quiet_tpu_environment(gen, grid)
   else:
     _gpu_environment()
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     if platform == 'tpu':
-      topo = topologies.get_topology_desc(
-          topology_name=f'{gen}:{grid}', platform='tpu',
-          chip_config_name='megacore' if gen in ('v4', 'v5p') else 'default')
+      with _quiet_tpu_environment(gen, grid):
+        topo = topologies.get_topology_desc(
+            topology_name=f'{gen}:{grid}', platform='tpu',
+            chip_config_name='megacore' if gen in ('v4', 'v5p')
+            else 'default')
     else:
       topo = topologies.get_topology_desc(
           platform='cuda', target_config=h100_spec(), topology=grid)

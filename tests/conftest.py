@@ -23,3 +23,14 @@ def _fresh_absl_flags():
   yield
   for name in set(flags.FLAGS) - before:
     delattr(flags.FLAGS, name)
+
+
+@pytest.fixture(autouse=True)
+def _restored_environment():
+  """A test that changes ``os.environ`` (directly or through the code it
+  calls) must not change it for the processes later tests start."""
+  saved = dict(os.environ)
+  yield
+  if dict(os.environ) != saved:
+    os.environ.clear()
+    os.environ.update(saved)

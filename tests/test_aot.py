@@ -11,6 +11,7 @@ and need no libtpu.
 
 import importlib.util
 import math
+import os
 
 import jax
 import numpy as np
@@ -336,3 +337,17 @@ def test_find_max_batch_bisects_to_the_step(monkeypatch, start):
   monkeypatch.setattr(aot, 'compile_step',
                       lambda config, target, b: {'fits': False})
   assert aot.find_max_batch(None, None, start, 8)[0] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason='libtpu is not installed')
+def test_resolving_a_topology_leaves_no_tpu_worker_variables():
+  """libtpu is told it is worker 0 of a one-host slice while the topology is
+  described; a process started afterwards (``prolip_jax.main`` in a test or
+  a script) must not inherit that and take itself for a TPU pod host."""
+  before = {k: os.environ.get(k) for k in (
+      'TPU_WORKER_HOSTNAMES', 'TPU_WORKER_ID', 'TPU_ACCELERATOR_TYPE',
+      'TPU_SKIP_MDS_QUERY')}
+  target = aot.resolve('v5p:2x2x1')
+  assert len(target.devices) == 4
+  assert {k: os.environ.get(k) for k in before} == before
