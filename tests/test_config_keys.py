@@ -73,6 +73,8 @@ def _changed(key, value):
       'model.text.act': ('quick_gelu', {}),
       'model.text.pool': ('argmax', {'model.use_unc': False}),
       'model.compute_dtype': ('bfloat16', {}),
+      'model.remat_policy': ('dots_saveable', {'model.remat': True}),
+      'model.attention_impl': ('xla', {}),
   }
   if key in special:
     return special[key]
