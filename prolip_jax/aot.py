@@ -108,6 +108,11 @@ def h100_spec() -> str:
     return ''.join(l for l in f if not l.lstrip().startswith('#'))
 
 
+SCAN_COST_NOTE = ("none under model.scan (XLA's cost analysis counts the "
+                  'scanned layer stack once, not once per layer): rerun '
+                  'with --config.model.scan=false for the estimate')
+
+
 @contextlib.contextmanager
 def _quiet_tpu_environment(gen: str, grid: str):
   """libtpu on a machine without TPUs: no lockfile between compiling
@@ -329,6 +334,7 @@ def compile_step(config, target: Target, per_device_batch: int
       'global_batch': config.batch_size, 'hbm_bytes': target.chip.hbm_bytes,
       'peak_flops': target.chip.peak_bf16_flops,
       'remat': bool(config.model.remat),
+      'scan': bool(config.model.get('scan', False)),
       'compute_dtype': config.model.compute_dtype,
       'params': _param_report(state.params, shardings.params,
                               config.mesh.get('fsdp_min_size_mb',
@@ -355,6 +361,12 @@ def compile_step(config, target: Target, per_device_batch: int
            'analytic_forward_per_pair': analytic['forward'],
            'ceiling_pairs_per_second': (target.chip.peak_bf16_flops
                                         / analytic['train'])}
+  if report['scan']:
+    # XLA's cost analysis counts a while loop's body once, so a scanned
+    # layer stack reads as one layer: its FLOPs and step time are no
+    # estimate of the step at all.
+    cost = {}
+    report['cost_note'] = SCAN_COST_NOTE
   if cost.get('flops'):
     flops['xla_per_device'] = cost['flops']
     flops['xla_per_pair'] = cost['flops'] / per_device_batch

@@ -292,12 +292,15 @@ def format_table(report: dict[str, Any]) -> str:
     if xla:
       row('FLOPs per pair: XLA cost analysis', f'{xla / 1e9:.1f} GFLOP '
           f"(per device {f['xla_per_device'] / 1e12:.2f} TFLOP/step)")
+    elif r.get('cost_note'):
+      row('FLOPs per pair: XLA cost analysis', r['cost_note'])
     else:
       row('FLOPs per pair: XLA cost analysis', 'not available (XLA gives '
           'none for this target; deviceless GPU compiles have none)')
   e = r.get('estimate') or {}
   if f and not e:
-    row('step time', 'no compiler estimate for this target')
+    row('step time', 'no compiler estimate ' + (
+        'under model.scan' if r.get('cost_note') else 'for this target'))
   if e:
     row('step time', f"{e['step_seconds']:.3f} s  [compiler estimate, "
         'not a measurement]')

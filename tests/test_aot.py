@@ -290,6 +290,16 @@ def test_table_labels_estimates_and_reports_fit():
   assert 'collective-permute    124 ops, 170.0 MiB per step' in table
   line = aot_report.json_line(report)
   assert '\n' not in line and '"ops"' not in line
+  # A scanned stack: XLA's cost analysis counts the loop body once, so the
+  # report gives no XLA FLOPs or estimate and says why.
+  scanned = dict(report, scan=True, cost_note=aot.SCAN_COST_NOTE,
+                 flops={k: v for k, v in report['flops'].items()
+                        if not k.startswith('xla')})
+  del scanned['estimate']
+  table = aot_report.format_table(scanned)
+  assert '[compiler estimate' not in table and 'MFU' not in table
+  assert 'no compiler estimate under model.scan' in table
+  assert '--config.model.scan=false' in table
 
 
 @pytest.mark.slow
