@@ -297,7 +297,7 @@ def test_table_labels_estimates_and_reports_fit():
                         if not k.startswith('xla')})
   del scanned['estimate']
   table = aot_report.format_table(scanned)
-  assert '[compiler estimate' not in table and 'MFU' not in table
+  assert '[compiler estimate' not in table and '% of 459 TFLOP' not in table
   assert 'no compiler estimate under model.scan' in table
   assert '--config.model.scan=false' in table
 
