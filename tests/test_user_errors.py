@@ -44,6 +44,7 @@ from prolip_jax.models import ModelConfig
 from prolip_jax.models import TextConfig
 from prolip_jax.models import VisionConfig
 from prolip_jax.models.prolip import init_params
+import test_faults  # the micro config and the subprocess environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -226,23 +227,11 @@ def test_resume_refuses_a_swapped_or_missing_tokenizer_before_training_one(
 
 
 def micro_config(total_steps=4, **overrides):
-  c = presets.load_config_file(MICRO)
-  c.total_steps = total_steps
-  c.mesh.num_devices = 1
-  for key, value in overrides.items():
-    node = c
-    *path, last = key.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = value
-  return c
+  return test_faults.micro_config(total_steps, **overrides)
 
 
 def _env():
-  env = dict(os.environ)
-  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
-  env['JAX_PLATFORMS'] = 'cpu'
+  env = test_faults._env()  # pylint: disable=protected-access
   env.pop('PROLIP_DEBUG', None)
   return env
 
