@@ -32,7 +32,6 @@ from prolip_jax.models import ProLIP
 
 _DEFAULT_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _DEFAULT_STD = (0.26862954, 0.26130258, 0.27577711)
-EXPORT_WEIGHTS = 'model.safetensors'
 EXPORT_CONFIG = 'config.json'
 
 

@@ -126,7 +126,8 @@ def check_image_bytes(data: bytes) -> Optional[str]:
 
 
 def decode_image(image: Any, min_pixels: int = 0) -> np.ndarray:
-  """HxWx3 uint8 from encoded bytes (as ``pipeline.decode_image``) or array.
+  """HxWx3 uint8 RGB from encoded image bytes or an HxW / HxWx{1,3,4} array
+  (the one image decoder of training and of the data pipeline).
 
   ``min_pixels > 0``: a JPEG is decoded at the smallest of libjpeg's DCT
   scales (1, 1/2, 1/4, 1/8) that still leaves at least ``min_pixels``
