@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 from PIL import Image
 
-H100_B16_PAIRS_PER_S = 3500  # 50% MFU, /work/shared/perf-notes.md
+H100_B16_PAIRS_PER_S = 3500  # 50% MFU of B/16 on one H100 (docs/performance.md)
 
 _WORDS = ('a photo of', 'an old picture of', 'a close-up of', 'a view of',
           'the', 'a blurry shot of', 'an image showing')

@@ -9,7 +9,7 @@ Builds the same jitted, sharded ``train_step`` as ``prolip_jax.main`` (all
 devices, the config's mesh), feeds it device-resident random batches (so the
 input pipeline is not measured: see ``benchmarks/input_pipeline.py``), and
 prints samples/s, the model FLOPs per step (XLA's cost analysis of the
-compiled step, and the analytic count of ``shared/perf-notes.md``) and the
+compiled step, and the analytic count of ``docs/performance.md``) and the
 MFU against the device's dense bf16 peak (``--peak_tflops`` overrides).
 """
 

@@ -5,7 +5,8 @@ Run by tests/test_attention.py with the python of a jax[cuda12] venv:
 python tests/gpu_aot_check.py --out result.json``. The step is the one
 ``prolip_jax.train`` builds (model with ``attention_impl_for`` of the
 target's devices, optimizer, shardings, donation), lowered from abstract
-state and batch for an H100 described by /work/shared/aot's target config,
+state and batch for an H100 described by XLA's target config (the copy in
+prolip_jax/aot_specs/),
 and compiled. Writes the attention implementation, the counts of cuDNN
 fused-attention kernels (forward, backward) in the compiled HLO, per-device
 memory and compile time as JSON.
@@ -30,8 +31,9 @@ from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_SPEC = os.environ.get('PROLIP_H100_SPEC',
-                              '/work/shared/aot/h100_sxm.txtpb')
+DEFAULT_SPEC = os.environ.get(
+    'PROLIP_H100_SPEC', os.path.join(ROOT, 'prolip_jax', 'aot_specs',
+                                     'h100_sxm.txtpb'))
 
 
 def h100_devices(spec_path: str):

@@ -2,7 +2,7 @@
 
 Lee, Kim, Shon, Kim, Kim, Lee, Kim, "UniCLIP: Unified Framework for
 Contrastive Language-Image Pre-training" (NeurIPS 2022). Read from the
-Chinese translation in ``/work/shared/papers/uniclip-zh.md``, whose equations
+Chinese translation of the paper, whose equations
 are garbled; the reading below was reconstructed from the surrounding text and
 checked against the gradient the paper states (eq. 10).
 
