@@ -88,12 +88,8 @@ def measure(config, verbose: bool = True) -> dict:
   init_state, state_shardings = train.train_state_initializer(model, tx, mesh)
   state = init_state(jax.random.key(0))
   mask_id = 3 if config.tokenizer.mask_id < 0 else config.tokenizer.mask_id
-  step_fn = jax.jit(
-      train.make_train_step(model, config, tx, schedule, mesh, mask_id),
-      in_shardings=(state_shardings, shd.batch_sharding(mesh),
-                    shd.replicated(mesh)),
-      out_shardings=(state_shardings, shd.replicated(mesh)),
-      donate_argnums=(0,))
+  step_fn = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
+                                 state_shardings)
 
   b, size, ctx = config.batch_size, model_cfg.vision.image_size, \
       model_cfg.text.context_length

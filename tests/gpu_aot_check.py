@@ -80,12 +80,8 @@ def main():
   state = abstract(jax.eval_shape(init_state, jax.random.key(0)),
                    state_shardings)
   mask_id = max(config.tokenizer.mask_id, 3)
-  step = jax.jit(
-      train.make_train_step(model, config, tx, schedule, mesh, mask_id),
-      in_shardings=(state_shardings, shd.batch_sharding(mesh),
-                    shd.replicated(mesh)),
-      out_shardings=(state_shardings, shd.replicated(mesh)),
-      donate_argnums=(0,))
+  step = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
+                              state_shardings)
   b, size = config.batch_size, model_cfg.vision.image_size
   batch_sharding = shd.batch_sharding(mesh)
   batch = {
