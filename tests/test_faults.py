@@ -61,6 +61,18 @@ def _run_main(*args, timeout=300):
   return proc.returncode, out, err
 
 
+def damage_file(path, damage):
+  """'garble': flip 16 bytes mid-file (same size: only the checksum can
+  tell); 'truncate': keep the first third."""
+  data = bytearray(open(path, 'rb').read())
+  if damage == 'garble':
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+      data[i] ^= 0xFF
+  else:
+    data = data[:len(data) // 3]
+  open(path, 'wb').write(bytes(data))
+
+
 def _leaves(workdir, step=None, item='params'):
   params, meta = checkpoint.load_params(workdir, step, item)
   return [np.asarray(x) for x in jax.tree.leaves(params)], meta
@@ -219,13 +231,7 @@ def test_unreadable_latest_checkpoint_falls_back_with_a_message(
   shutil.copytree(tmp_path / 'ref', tmp_path / 'run')
   target = _largest_file(tmp_path / 'run' / 'checkpoints' / '6' / 'params' /
                          'ocdbt.process_0')
-  data = bytearray(open(target, 'rb').read())
-  if damage == 'garble':  # same size: only the checksum can tell
-    for i in range(len(data) // 2, len(data) // 2 + 16):
-      data[i] ^= 0xFF
-  else:
-    data = data[:len(data) // 3]
-  open(target, 'wb').write(bytes(data))
+  damage_file(target, damage)
   capfd.readouterr()
 
   # prolip_jax.load (and so the export tool) fall back without moving it.
