@@ -44,4 +44,5 @@ def get_config():
   c = presets.base_config()
   c.objective = 'clip'
   c.model = model_config()
+  c.evals = presets.benchmark_evals(probabilistic=False)
   return c

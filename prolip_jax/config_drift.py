@@ -34,7 +34,7 @@ def _value(flat: Mapping[str, Any], key: str) -> Any:
   if key in flat:
     return flat[key]
   found = config_keys.KEYS.get(key)
-  return found.default if found else _ABSENT
+  return found.default if found else _ABSENT  # open subtrees: absent
 
 
 def diff(stored: Mapping[str, Any], requested: Any
@@ -60,7 +60,8 @@ def describe_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
   return ', '.join(
       f'{k}: {a!r} -> {b!r}'
       + (f' ({config_keys.fixed_reason(k)})' if is_fixed(k) else
-         ' (not declared in config_keys.KEYS)' if k not in config_keys.KEYS
+         ' (not declared in config_keys.KEYS)'
+         if config_keys.declaration(k) is None
          else '')
       for k, (a, b) in changes.items())
 
@@ -73,7 +74,8 @@ def check(stored: Mapping[str, Any], requested: Any, step: int) -> list[str]:
   # key) may change anything: refuse its change rather than guess. A stored
   # key that no config has any more (a retired setting) is not a change.
   fixed = {k: v for k, v in changes.items()
-           if is_fixed(k) or (k not in config_keys.KEYS and v[1] != _ABSENT)}
+           if is_fixed(k) or (config_keys.declaration(k) is None
+                              and v[1] != _ABSENT)}
   if fixed:
     raise errors.ConfigDriftError(
         f'the workdir holds a run at step {step} with other settings that '

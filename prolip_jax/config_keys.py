@@ -216,6 +216,9 @@ KEYS: dict[str, Key] = {
     'eval.every_steps': Key(0, 'held-out eval interval (0: at the end '
                             'only)'),
     'eval.batch_size': Key(250, 'eval batch'),
+    # An open subtree: every key under it is this declaration's.
+    'evals': Key({}, 'evaluators run in training and by evaluate: {name: '
+                 '{kind, data, every_steps, ...}} (evaluation/evaluators.py)'),
     'log_every_steps': Key(20, 'progress line and metrics.jsonl row '
                            'interval'),
     'checkpoint_every_steps': Key(200, 'Orbax checkpoint interval (also on '
@@ -272,16 +275,30 @@ def get(config: Any, key: str) -> Any:
   return node
 
 
+def declaration(key: str) -> Key | None:
+  """``key``'s declaration: its own, or that of the open subtree holding it
+  (a declared key whose default is a dict, such as ``evals``); None when
+  undeclared."""
+  if key in KEYS:
+    return KEYS[key]
+  parts = key.split('.')
+  for i in range(len(parts) - 1, 0, -1):
+    found = KEYS.get('.'.join(parts[:i]))
+    if found is not None and isinstance(found.default, dict):
+      return found
+  return None
+
+
 def fixed_reason(key: str) -> str:
   """Why ``key`` may not change on resume ('' when it may, or when it is
   not declared)."""
-  found = KEYS.get(key)
+  found = declaration(key)
   return found.fixed if found else ''
 
 
 def meaning(key: str) -> str:
   """The declared meaning of ``key`` ('' when undeclared)."""
-  found = KEYS.get(key)
+  found = declaration(key)
   return found.meaning if found else ''
 
 

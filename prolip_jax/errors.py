@@ -73,6 +73,11 @@ def config_errors() -> Iterator[None]:
     raise ConfigError(str(e)) from e
 
 
+class DatasetUnavailableError(UserError, FileNotFoundError):
+  """An evaluation data set that is not on this machine (a TFDS data set not
+  prepared, a missing folder or file): the message says how to get it."""
+
+
 class TokenizerError(UserError, ValueError):
   """A tokenizer file that cannot be read, or not the one a checkpoint was
   trained with."""

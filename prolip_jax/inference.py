@@ -90,14 +90,22 @@ class LoadedModel:
     self.batch_size = batch_size
     self.objective = objective
     self.image_view = image_view  # 'default' or 'release' (open_clip's)
-    enc_img, enc_txt = objectives.get(objective).encoders(
-        ProLIP(model_config, attention=_attention_here(model_config)),
-        params, run_config or {})
+    self.run_config = run_config or {}
+    self._module = ProLIP(model_config,
+                          attention=_attention_here(model_config))
+    enc_img, enc_txt = self.encoders_of(params)
     norm = lambda x: normalize_images(x, self.mean, self.std)
     # uint8 (n, s, s, 3) -> (mu, logvar); with patch indices (n, k); tokens.
     self.image_fn = jax.jit(lambda x: enc_img(norm(x)))
     self.image_keep_fn = jax.jit(lambda xk: enc_img(norm(xk[0]), xk[1]))
     self.text_fn = jax.jit(enc_txt)
+
+  def encoders_of(self, params: Any) -> tuple:
+    """``(enc_img(normalised images, keep=None), enc_txt(tokens))`` of the
+    stored objective over ``params`` (traceable: ``params`` may be an
+    argument of a jitted function)."""
+    return objectives.get(self.objective).encoders(self._module, params,
+                                                   self.run_config)
 
   def encode_image(self, images: Sequence[Any]
                    ) -> tuple[np.ndarray, Optional[np.ndarray]]:

@@ -76,6 +76,36 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   return module.get_config()
 
 
+def bundled_report_evals(dataset: str) -> dict:
+  """``config.evals`` of the demos: the bundled report of their data
+  (``configs/eval/<dataset>.py``), run by ``python -m prolip_jax.evaluate``
+  (the training loop's own held-out evaluation is ``config.eval``)."""
+  return {dataset: {'kind': 'suites', 'dataset': dataset, 'every_steps': -1}}
+
+
+def benchmark_evals(every_steps: int = 5000, batch_size: int = 1024,
+                    probabilistic: bool = True) -> dict:
+  """``config.evals`` of the pre-training configs: ImageNet-1k zero-shot
+  (80 templates, CSD and cosine), ImageNet-v2, COCO 5k retrieval (Karpathy
+  test split) and, for probabilistic models, the uncertainty summary on
+  COCO; every ``every_steps`` steps and at the end. TFDS data sets that are
+  not prepared are reported in one line at the start and skipped; set
+  ``--config.evals.<name>.data_dir`` to where ``tfds build`` put them."""
+  common = {'every_steps': every_steps, 'batch_size': batch_size}
+  evals = {
+      'imagenet': {'kind': 'zero_shot', 'data': 'tfds:imagenet2012:validation',
+                   'templates': 'imagenet', **common},
+      'imagenet_v2': {'kind': 'zero_shot', 'data': 'tfds:imagenet_v2:test',
+                      'templates': 'imagenet', **common},
+      'coco': {'kind': 'retrieval', 'data': 'tfds:coco_captions:test',
+               **common},
+  }
+  if probabilistic:
+    evals['uncertainty'] = {'kind': 'uncertainty',
+                            'data': 'tfds:coco_captions:test', **common}
+  return evals
+
+
 def short_run_uncertainty(c: ml_collections.ConfigDict, beta: float = 0.3
                           ) -> ml_collections.ConfigDict:
   """Knobs under which ProLIP's sigma^2 trains in a few hundred steps.
@@ -137,6 +167,7 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   c.log_every_steps = 25
   c.checkpoint_every_steps = 200
   c.eval.every_steps = 300
+  c.evals = bundled_report_evals('digits')
   if objective == 'uniclip':
     _uniclip_settings(c)
   return c
@@ -168,6 +199,7 @@ def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   """
   c = tiny_demo_config(objective)
   c.data.name = 'emoji'
+  c.evals = bundled_report_evals('emoji')
   if objective == 'prolip':
     short_run_uncertainty(c, beta=0.3)
   c.data.jitter_prob = 0.0

@@ -43,6 +43,8 @@ from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
+from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import sharded as sharded_eval
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -467,6 +469,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
                        f'the {shards} batch shards of mesh '
                        f'{dict(mesh.shape)}')
     objective.validate_batch(config, shards)  # before any data/tokenizer work
+    evals = evaluators.build(config.get('evals'))
+    evaluators.check_for_training(evals)
     source, corpus = sources.train_source(config)
     if corpus is not None:
       corpus = objective.extend_corpus(corpus)
@@ -563,11 +567,33 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
                                                 size))
     return results
 
+  def run_evaluators(final: bool) -> dict[str, float]:
+    # config.evals: every host embeds its part of each set on the mesh.
+    due = [e for e in evals if e.due(step, final)]
+    if not due:
+      return {}
+    model_on_mesh = sharded_eval.from_training(objective, model, state.params,
+                                               config, tokenizer, mesh)
+    out_dir = (os.path.join(workdir, 'evals', f'step_{step}') if is_chief
+               else '')
+    results = {}
+    for e in due:
+      progress.status(f'Evaluator {e.name} at step {step}', is_chief)
+      found = e.run(model_on_mesh, out_dir,
+                    lambda line: progress.status(line, is_chief))
+      progress.status(train_time.evaluator_line(e.name, found), is_chief)
+      results.update({f'{e.name}/{k}': v for k, v in found.items()})
+    writer.write(step, results)
+    return results
+
+  unavailable = evaluators.check_available(evals)
   if is_chief:
     print(f'prolip_jax: {config.objective} on {config.data.name}, '
           f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
           f'batch {config.batch_size}, steps {start} -> {end} of '
           f'{config.total_steps}, workdir {workdir}', flush=True)
+    for name, reason in unavailable.items():
+      print(f'Evaluator {name} will not run: {reason}', flush=True)
   step = start
   last_metrics: dict[str, float] = {}
   t_log, step_log = time.time(), step
@@ -624,6 +650,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
       if config.eval.every_steps and step % config.eval.every_steps == 0 \
           and step != end:
         writer.write(step, {f'eval/{k}': v for k, v in run_eval().items()})
+      if step != end:
+        run_evaluators(final=False)
     monitor.flush()
   except KeyboardInterrupt:
     logging.warning('Interrupted at step %d: saving a checkpoint', step)
@@ -635,10 +663,12 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
   mngr.wait_until_finished()
   mngr.close()
   eval_results: dict[str, float] = {}
+  evals_results: dict[str, float] = {}
   if not stopper.stop:
     eval_results = run_eval()
     if step > start:  # a re-run of a finished command adds no duplicate row
       writer.write(step, {f'eval/{k}': v for k, v in eval_results.items()})
+      evals_results = run_evaluators(final=True)
   writer.close()
   ckpt_path = os.path.join(checkpoint.checkpoint_dir(workdir), str(step))
   summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
@@ -646,7 +676,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
              'workdir': workdir, 'batch_size': config.batch_size,
              'total_steps': config.total_steps,
              'heldout': train_time.heldout_info(config) if eval_results
-                        else None}
+                        else None,
+             'evals': evals_results}
   if is_chief:
     print(train_time.format_summary(summary), flush=True)
   return summary

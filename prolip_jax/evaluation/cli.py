@@ -3,15 +3,16 @@
 Flags are absl flags; the config is an ``ml_collections`` file and any value
 can be overridden with ``--config.x.y=...``::
 
+  python -m prolip_jax.evaluate --workdir DIR          # the run's own evals
   python -m prolip_jax.evaluate --workdir DIR --config configs/eval/digits.py
 
 ``DIR`` is a training workdir or an export directory (anything
-``prolip_jax.load`` reads).
+``prolip_jax.load`` reads). With no ``--config`` the evaluators are the
+ones the checkpoint was trained with (``config.evals``; see
+``evaluation/runner.py``).
 """
 
 from __future__ import annotations
-
-import os
 
 from absl import app
 from absl import flags
@@ -21,10 +22,6 @@ from ml_collections import config_flags
 from prolip_jax import errors
 from prolip_jax.evaluation import runner
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-DEFAULT_CONFIG = os.path.join(_REPO, 'configs', 'eval', 'digits.py')
-
 
 def main():
   """Defines the flags and runs ``runner.run`` on ``--workdir``.
@@ -32,12 +29,15 @@ def main():
   Flags are defined here, not at import, since ``prolip_jax.main`` defines
   ``--config`` and ``--workdir`` too.
   """
-  config_flags.DEFINE_config_file('config', DEFAULT_CONFIG,
-                                  'Evaluation configuration file.')
+  config_flags.DEFINE_config_file(
+      'config', None, 'Evaluation config file (default: the evaluators the '
+      'checkpoint was trained with, its config.evals).')
   flags.DEFINE_string('workdir', None, 'Training workdir or export directory '
                       '(anything prolip_jax.load reads).', required=True)
   flags.DEFINE_string('out', None, 'Output directory (default WORKDIR/eval).')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
+  flags.DEFINE_list('evals', [], 'Run only these evaluators (names in '
+                    'config.evals).')
 
   def run_main(argv):
     if len(argv) > 1:
@@ -45,6 +45,7 @@ def main():
     logging.set_verbosity(logging.ERROR)
     return errors.cli_main(lambda: runner.run(
         flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.out,
-        flags.FLAGS.step, log=lambda s: print(s, flush=True)))
+        flags.FLAGS.step, log=lambda s: print(s, flush=True),
+        only=tuple(flags.FLAGS.evals)))
 
   app.run(run_main)

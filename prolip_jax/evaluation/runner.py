@@ -1,56 +1,121 @@
-"""Runs the configured suites on a model and writes their results.
+"""What ``python -m prolip_jax.evaluate`` runs: a model's evaluators.
 
-``run(model_or_path, config)`` runs ``config.suites`` in order and writes
-``OUT/<suite>.json``, PNG figures beside them and ``summary.json`` with every
-scalar; it returns the summary and logs a table.
+``run(model_or_path)`` with no config runs the evaluators the checkpoint
+was trained with (its ``config.evals``; a checkpoint without them, such as
+one written before evaluators were configurable, gets the bundled report of
+the data it was trained on, digits or emoji), so an emoji model is scored on
+the emoji. ``config`` may instead be an eval config with ``evals`` (the
+same entries as a training config: ``configs/eval/imagenet.py``) or an eval
+config of the bundled report (``suites`` + ``data``: ``configs/eval/digits.py``).
+
+Writes ``OUT/<name>.json`` per evaluator (the bundled report:
+``OUT/<suite>.json`` and its figures) and ``OUT/summary.json`` with every
+scalar; returns the summary and logs a table.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Callable, Optional
 
-import numpy as np
+import ml_collections
 
+from prolip_jax import errors
 from prolip_jax import inference
-from prolip_jax.evaluation import applications
-from prolip_jax.evaluation import retrieval
-from prolip_jax.evaluation import uncertainty_report
-from prolip_jax.evaluation import zero_shot
-from prolip_jax.evaluation.context import Context
-from prolip_jax.evaluation.context import SkipSuite
-from prolip_jax.evaluation.data import load_data
-from prolip_jax.evaluation.embedder import Embedder
+from prolip_jax import sharding as shd
+from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import sharded
+from prolip_jax.evaluation import suites
+from prolip_jax.evaluation.suites import jsonable
 
-SUITES = {
-    'zero_shot': zero_shot.suite_zero_shot,
-    'retrieval': retrieval.suite_retrieval,
-    'uncertainty': uncertainty_report.suite_uncertainty,
-    'bprw': applications.suite_bprw,
-    'traversal': applications.suite_traversal,
-    'filtering': applications.suite_filtering,
-}
-
-
-def _jsonable(x):
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, np.ndarray):
-    return _jsonable(x.tolist())
-  if isinstance(x, (np.floating, float)):
-    x = float(x)
-    return x if np.isfinite(x) else None
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (np.bool_,)):
-    return bool(x)
-  return x
+def checkpoint_evals(model) -> ml_collections.ConfigDict:
+  """The ``evals`` a loaded model was trained with, or the bundled report
+  of its training data (digits / emoji) when it declares none."""
+  run_config = getattr(model, 'run_config', None) or {}
+  evals = run_config.get('evals') or {}
+  if evals:
+    return ml_collections.ConfigDict(evals)
+  dataset = (run_config.get('data') or {}).get('name', '')
+  if dataset in ('digits', 'emoji'):
+    return ml_collections.ConfigDict({dataset: {
+        'kind': 'suites', 'dataset': dataset}})
+  raise errors.ConfigError(
+      'the model declares no evaluators (its config has no evals and was not '
+      'trained on the bundled digits or emoji): pass --config, e.g. '
+      'configs/eval/imagenet.py')
 
 
+def run(model, config=None, out_dir: Optional[str] = None,
+        step: Optional[int] = None, log: Callable[[str], None] = print,
+        only: tuple[str, ...] = ()) -> dict:
+  """Runs a model's evaluators and writes their results.
+
+  Args:
+    model: a ``LoadedModel`` or a path for ``prolip_jax.load``.
+    config: None (the model's own ``evals``), an eval config with ``evals``,
+      or a bundled-report config (``suites`` + ``data``).
+    out_dir: default ``<model path>/eval`` (required for a model object).
+    step: checkpoint step when loading a workdir.
+    log: where progress lines and the table go.
+    only: names of the evaluators to run (default all).
+
+  Returns:
+    ``{'metrics': {name/metric: value}, 'figures': [...], 'files': [...],
+    'skipped': {name: reason}}``; the bundled-report config keeps its
+    ``suite/metric`` names.
+  """
+  if isinstance(model, (str, os.PathLike)):
+    path = os.fspath(model)
+    out_dir = out_dir or os.path.join(path, 'eval')
+    model = inference.load(path, step=step)
+  if out_dir is None:
+    raise ValueError('out_dir is required when model is not a path')
+  os.makedirs(out_dir, exist_ok=True)
+  if config is not None and 'suites' in config and 'evals' not in config:
+    summary = suites.run_suites(model, config, out_dir, log)
+    summary['skipped'] = {}
+  else:
+    evals = checkpoint_evals(model) if config is None else config.evals
+    summary = _run_evaluators(model, evals, out_dir, log, only)
+  path = os.path.join(out_dir, 'summary.json')
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(jsonable(summary), f, indent=1)
+  summary['files'].append(path)
+  log(format_table(summary['metrics']))
+  if summary['figures']:
+    log('figures:\n' + '\n'.join(f'  {p}' for p in summary['figures']))
+  return summary
+
+
+def _run_evaluators(model, evals, out_dir: str, log, only) -> dict:
+  todo = evaluators.build(evals)
+  if only:
+    unknown = sorted(set(only) - {e.name for e in todo})
+    if unknown:
+      raise errors.ConfigError(
+          f'no evaluator {", ".join(unknown)} (have '
+          f'{", ".join(e.name for e in todo)})')
+    todo = [e for e in todo if e.name in only]
+  # Every device of every host; the batch split over all of them.
+  model_on_mesh = sharded.from_loaded(
+      model, shd.make_mesh({'data': -1, 'fsdp': 1}))
+  metrics, skipped, figures, files = {}, {}, [], []
+  for e in todo:
+    reason = e.check_available()
+    if reason:
+      log(f'[{e.name}] skipped: {reason}')
+      skipped[e.name] = reason
+      continue
+    result = e.run(model_on_mesh, out_dir, log)
+    metrics.update({f'{e.name}/{k}': v for k, v in result.items()})
+    figures += e.figures
+    files += e.files
+  if skipped and not metrics:
+    raise errors.DatasetUnavailableError(
+        '; '.join(f'{k}: {v}' for k, v in skipped.items()))
+  return {'metrics': metrics, 'figures': figures, 'files': files,
+          'skipped': skipped}
 def format_table(metrics: dict[str, float]) -> str:
   """``suite  metric  value`` rows for the printed summary."""
   rows = []
@@ -66,65 +131,4 @@ def format_table(metrics: dict[str, float]) -> str:
     lines.append(f'{suite:{w1}s}  {key:{w2}s}  {val}')
   return '\n'.join(lines)
 
-
-def run(model, config, out_dir: Optional[str] = None,
-        step: Optional[int] = None, log: Callable[[str], None] = print
-        ) -> dict:
-  """Runs ``config.suites`` and writes ``out_dir/<suite>.json``, the figures
-  and ``summary.json``.
-
-  Args:
-    model: a ``LoadedModel`` or a path for ``prolip_jax.load``.
-    config: an eval config (``configs/eval/digits.py``).
-    out_dir: default ``<model path>/eval`` (required for a model object).
-    step: checkpoint step when loading a workdir.
-    log: where progress lines and the table go.
-
-  Returns:
-    ``{'metrics': {suite/metric: value}, 'figures': [...], 'files': [...]}``.
-  """
-  if isinstance(model, (str, os.PathLike)):
-    path = os.fspath(model)
-    out_dir = out_dir or os.path.join(path, 'eval')
-    model = inference.load(path, step=step)
-  if out_dir is None:
-    raise ValueError('out_dir is required when model is not a path')
-  os.makedirs(out_dir, exist_ok=True)
-  data = load_data(config.data)
-  embedder = Embedder(model, int(config.batch_size),
-                      bool(config.get('progress', True)))
-  ctx = Context(model, embedder, data, out_dir, int(config.get('seed', 0)),
-                config.data)
-  all_metrics, figures, files = {}, [], []
-  for suite in config.suites:
-    if suite not in SUITES:
-      raise ValueError(f'unknown suite {suite!r}; known: {sorted(SUITES)}')
-    t0 = time.time()
-    log(f'[{suite}] running on {data.name} ({len(data.images)} images)')
-    try:
-      metrics, details, figs = SUITES[suite](ctx, config[suite])
-    except SkipSuite as e:
-      log(f'[{suite}] skipped: {e}')
-      continue
-    seconds = time.time() - t0
-    path = os.path.join(out_dir, f'{suite}.json')
-    with open(path, 'w', encoding='utf-8') as f:
-      json.dump(_jsonable({'suite': suite, 'data': data.name,
-                           'metrics': metrics, 'details': details,
-                           'figures': figs, 'seconds': seconds,
-                           'config': config[suite].to_dict()}), f, indent=1)
-    files.append(path)
-    figures += figs
-    all_metrics.update({f'{suite}/{k}': v for k, v in metrics.items()})
-    log(f'[{suite}] done in {seconds:.1f}s')
-  summary = {'metrics': all_metrics, 'figures': figures, 'files': files,
-             'data': data.name}
-  path = os.path.join(out_dir, 'summary.json')
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(_jsonable(summary), f, indent=1)
-  summary['files'].append(path)
-  log(format_table(all_metrics))
-  if figures:
-    log('figures:\n' + '\n'.join(f'  {p}' for p in figures))
-  return summary
 

@@ -165,6 +165,19 @@ def _pct(x: float) -> str:
   return f'{100 * x:.1f}%'
 
 
+def evaluator_line(name: str, metrics: dict[str, float]) -> str:
+  """A one-line report for the progress output: accuracies and recalls as
+  percentages, e.g. ``imagenet: csd_top1 61.2%, cosine_top1 60.8%``."""
+  keys = [k for k in metrics if k.endswith(('top1', 'R@1'))] or list(metrics)
+  parts = []
+  for k in keys[:6]:
+    v = metrics[k]
+    shown = _pct(v) if ('top' in k or 'R@' in k or 'more_uncertain' in k) \
+        else f'{v:.3g}'
+    parts.append(f'{k} {shown}')
+  return f'{name}: ' + ', '.join(parts)
+
+
 def format_summary(summary: dict[str, Any]) -> str:
   """The lines printed at the end of a training run: what was reached, the
   held-out evaluation labelled with its protocol, where the checkpoint is
@@ -211,6 +224,15 @@ def format_summary(summary: dict[str, Any]) -> str:
       shown = _pct(value) if key.startswith(('diff_acc', 'zeroshot')) else (
           f'{value:.4g}')
       lines.append(f'  {key:36s} {shown}')
+  evals = summary.get('evals') or {}
+  if evals:
+    lines.append('Evaluators (config.evals):')
+    by_name: dict[str, dict[str, float]] = {}
+    for key, value in evals.items():
+      name, _, metric = key.partition('/')
+      by_name.setdefault(name, {})[metric] = value
+    for name, found in by_name.items():
+      lines.append('  ' + evaluator_line(name, found))
   workdir = summary.get('workdir')
   lines.append(f"Checkpoint: {summary['checkpoint']}")
   if workdir and not summary.get('preempted'):

@@ -1,0 +1,264 @@
+"""The data an evaluator reads, named by one string.
+
+=============================  ===============================================
+``tfds:NAME[:SPLIT]``          a prepared TFDS data set, read at random
+                               (array_record files): ``imagenet2012:validation``,
+                               ``imagenet_v2:test``, ``cifar10:test``,
+                               ``coco_captions:test`` (the Karpathy 5k test
+                               split). Never downloads: a data set that is not
+                               prepared is one line saying how to prepare it.
+``folder:PATH``                zero-shot: ``PATH/<class folder>/*.jpg`` (an
+                               ImageNet ``val`` folder of synset folders takes
+                               ``class_names='imagenet'``).
+``jsonl:PATH``                 retrieval: ``{"image": "rel/path.jpg",
+                               "captions": [...]}`` lines; images relative to
+                               ``images_dir`` (default: the file's folder).
+``array_record:GLOB``          retrieval: our array_record shards (records
+                               sharing a ``key`` are one image).
+``digits[:SPLIT]``,            the bundled sets (``heldout``, ``val``, ...).
+``emoji[:SPLIT]``
+=============================  ===============================================
+
+``zero_shot_set(cfg)`` gives an ``ImageSet`` whose labels come with the
+images (TFDS labels are read by the hosts with the images, never in a
+separate pass) plus class names and templates; ``retrieval_set(cfg)`` an
+``ImageSet`` and every image's captions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from prolip_jax import errors
+from prolip_jax.data import eval_data
+from prolip_jax.data import records
+from prolip_jax.evaluation import data as bundled
+from prolip_jax.evaluation.sharded import ImageSet
+
+SCHEMES = ('tfds', 'folder', 'jsonl', 'array_record', 'digits', 'emoji')
+
+# TFDS retrieval sets: name -> (image feature, caption feature, default split).
+TFDS_RETRIEVAL = {'coco_captions': ('image', 'captions/text', 'test')}
+
+
+def parse(spec: str) -> tuple[str, str]:
+  """``'tfds:imagenet2012:validation'`` -> ``('tfds', 'imagenet2012:validation')``."""
+  scheme, _, rest = str(spec).partition(':')
+  if scheme not in SCHEMES:
+    raise errors.ConfigError(
+        f'evaluation data {spec!r}: expected one of '
+        f'{", ".join(s + ":..." for s in SCHEMES)}{errors.nearest(scheme, SCHEMES)}')
+  return scheme, rest
+
+
+@dataclasses.dataclass
+class ZeroShotSet:
+  """Images with labels, the class names and the prompt templates."""
+  images: ImageSet
+  class_names: tuple[str, ...]
+  templates: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class RetrievalSet:
+  """Images and their captions: ``captions[j]`` belongs to image
+  ``image_of_text[j]``."""
+  images: ImageSet
+  captions: list[str]
+  image_of_text: np.ndarray
+
+
+def open_tfds(name: str, split: str, data_dir: str = '',
+              image_key: str = 'image'):
+  """A prepared TFDS data set as a random-access source (image left
+  encoded). Raises ``DatasetUnavailableError`` naming the data set and how
+  to prepare it, rather than letting TFDS start a download."""
+  try:
+    tfds = records.import_tfds()
+  except ImportError as e:
+    raise errors.DatasetUnavailableError(str(e)) from e
+  try:
+    builder = tfds.builder(name, data_dir=data_dir or None)
+  except tfds.core.DatasetNotFoundError as e:
+    raise errors.DatasetUnavailableError(
+        f'TFDS has no data set {name!r}') from e
+  if not builder.is_prepared():
+    manual = (' (ImageNet: put ILSVRC2012_img_val.tar in DIR/downloads/manual '
+              'first)' if name.startswith('imagenet2012') else '')
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} is not prepared under {builder.data_dir}: '
+        f'prepare it with `tfds build {name} --data_dir DIR '
+        f'--file_format=array_record`{manual} and set the evaluator\'s '
+        'data_dir to DIR')
+  splits = builder.info.splits
+  if splits and split not in splits:
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} has no split {split!r} (has '
+        f'{", ".join(sorted(splits))})')
+  decoders = {image_key: tfds.decode.SkipDecoding()}
+  try:
+    return builder.as_data_source(split, decoders=decoders)
+  except (NotImplementedError, ValueError, FileNotFoundError) as e:
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} under {builder.data_dir} cannot be read at '
+        f'random ({e}); it needs array_record files: `tfds build {name} '
+        '--file_format=array_record`') from e
+
+
+def _field(record: dict, key: str) -> Any:
+  for part in key.split('/'):
+    record = record[part]
+  return record
+
+
+def _text(x: Any) -> str:
+  return x.decode('utf-8') if isinstance(x, bytes) else str(x)
+
+
+def _tfds_parts(rest: str, default_split: str) -> tuple[str, str]:
+  name, _, split = rest.partition(':')
+  return name, split or default_split
+
+
+def _template_choice(value: Any, default: Sequence[str]) -> tuple[str, ...]:
+  """``()``/'' -> ``default``; an asset name -> its templates; else the
+  strings themselves."""
+  if not value:
+    return tuple(default)
+  if isinstance(value, str):
+    if value in eval_data.ASSETS:
+      return eval_data.metadata(value)['templates']
+    return (value,)
+  return tuple(value)
+
+
+def zero_shot_set(cfg) -> ZeroShotSet:
+  """The zero-shot set of an evaluator config (``data``, ``data_dir``,
+  ``templates``, ``class_names``)."""
+  scheme, rest = parse(cfg.data)
+  templates = cfg.get('templates', ())
+  names = cfg.get('class_names', ())
+  if scheme == 'tfds':
+    asset, default_split = eval_data.TFDS_DATASETS.get(
+        rest.partition(':')[0], (None, 'test'))
+    name, split = _tfds_parts(rest, default_split)
+    if asset is None and not (names and templates):
+      raise errors.ConfigError(
+          f'{cfg.data}: no bundled class names for TFDS {name!r}: set '
+          f'class_names and templates (bundled: '
+          f'{", ".join(sorted(eval_data.TFDS_DATASETS))})')
+    meta = eval_data.metadata(asset) if asset else {'templates': (),
+                                                    'classes': ()}
+    source = open_tfds(name, split, cfg.get('data_dir', ''))
+
+    def get(i):
+      record = source[i]
+      return record['image'], int(record['label'])
+
+    if isinstance(names, str):
+      names = eval_data.metadata(names)['classes']
+    return ZeroShotSet(ImageSet(f'{name}:{split}', len(source), get),
+                       tuple(names or meta['classes']),
+                       _template_choice(templates, meta['templates']))
+  if scheme == 'folder':
+    if not os.path.isdir(rest):
+      raise errors.DatasetUnavailableError(f'{cfg.data}: no folder {rest}')
+    class_names = (eval_data.metadata(names)['classes']
+                   if isinstance(names, str) and names else names or None)
+    ds = eval_data.zero_shot_folder(
+        rest, _template_choice(templates, ('a photo of a {}.',)),
+        class_names=class_names)
+    return ZeroShotSet(
+        ImageSet(ds.name, len(ds), lambda i: (ds.images[i],
+                                              int(ds.labels[i]))),
+        ds.class_names, ds.templates)
+  if scheme in ('digits', 'emoji'):
+    data = _bundled(scheme, rest)
+    return ZeroShotSet(
+        ImageSet(data.name, len(data.images),
+                 lambda i: (data.images[i], int(data.labels[i]))),
+        tuple(data.class_names), _template_choice(templates, data.templates))
+  raise errors.ConfigError(f'{cfg.data}: {scheme} data has no class labels '
+                           '(zero-shot reads tfds:, folder:, digits, emoji)')
+
+
+def retrieval_set(cfg) -> RetrievalSet:
+  """The retrieval set of an evaluator config (``data``, ``data_dir``,
+  ``images_dir``, ``caption_key``)."""
+  scheme, rest = parse(cfg.data)
+  if scheme == 'tfds':
+    name = rest.partition(':')[0]
+    image_key, caption_key, default_split = TFDS_RETRIEVAL.get(
+        name, ('image', 'caption', 'test'))
+    caption_key = cfg.get('caption_key', '') or caption_key
+    name, split = _tfds_parts(rest, default_split)
+    source = open_tfds(name, split, cfg.get('data_dir', ''), image_key)
+    # The captions are needed on every host (all of them are ranked against
+    # every image); read once here, images later by the hosts' workers.
+    captions, owner = [], []
+    for i in range(len(source)):
+      caps = _field(source[i], caption_key)
+      caps = [caps] if isinstance(caps, (str, bytes)) else list(caps)
+      for c in caps:
+        if _text(c).strip():
+          captions.append(_text(c).strip())
+          owner.append(i)
+    return RetrievalSet(
+        ImageSet(f'{name}:{split}', len(source),
+                 lambda i: (source[i][image_key], -1)),
+        captions, np.asarray(owner, np.int32))
+  if scheme in ('jsonl', 'array_record'):
+    if scheme == 'jsonl':
+      if not os.path.isfile(rest):
+        raise errors.DatasetUnavailableError(f'{cfg.data}: no file {rest}')
+      ds = eval_data.retrieval_jsonl(
+          cfg.get('images_dir', '') or os.path.dirname(os.path.abspath(rest)),
+          rest)
+    else:
+      ds = eval_data.retrieval_array_record(rest)
+    return RetrievalSet(
+        ImageSet(os.path.basename(rest), len(ds),
+                 lambda i: (ds.images[i], -1)),
+        list(ds.captions), ds.image_of_text)
+  if scheme in ('digits', 'emoji'):
+    data = _bundled(scheme, rest)
+    captions, owner = [], []
+    for i, caps in enumerate(data.captions):
+      captions += caps
+      owner += [i] * len(caps)
+    return RetrievalSet(
+        ImageSet(data.name, len(data.images), lambda i: (data.images[i], -1)),
+        captions, np.asarray(owner, np.int32))
+  raise errors.ConfigError(f'{cfg.data}: {scheme} data has no captions '
+                           '(retrieval reads tfds:, jsonl:, array_record:, '
+                           'digits, emoji)')
+
+
+def _bundled(scheme: str, split: str) -> bundled.EvalData:
+  split = split or 'heldout'
+  return (bundled.digits_data(split) if scheme == 'digits'
+          else bundled.emoji_data(split))
+
+
+def available(cfg) -> Optional[str]:
+  """None when the evaluator's data can be opened, else the one-line
+  reason (a cheap check: TFDS's metadata, a folder or file existing)."""
+  scheme, rest = parse(cfg.data)
+  try:
+    if scheme == 'tfds':
+      name = rest.partition(':')[0]
+      default = (TFDS_RETRIEVAL.get(name, (None, None, None))[2]
+                 or eval_data.TFDS_DATASETS.get(name, (None, 'test'))[1])
+      name, split = _tfds_parts(rest, default)
+      open_tfds(name, split, cfg.get('data_dir', ''))
+    elif scheme in ('folder',) and not os.path.isdir(rest):
+      return f'{cfg.data}: no folder {rest}'
+    elif scheme == 'jsonl' and not os.path.isfile(rest):
+      return f'{cfg.data}: no file {rest}'
+  except errors.DatasetUnavailableError as e:
+    return str(e)
+  return None
