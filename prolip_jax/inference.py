@@ -20,6 +20,8 @@ from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import hub
 from prolip_jax import objectives
+from prolip_jax.config_keys import CLIP_MEAN
+from prolip_jax.config_keys import CLIP_STD
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.embedding import as_uint8_image
@@ -30,8 +32,6 @@ from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
-_DEFAULT_MEAN = (0.48145466, 0.4578275, 0.40821073)
-_DEFAULT_STD = (0.26862954, 0.26130258, 0.27577711)
 EXPORT_CONFIG = 'config.json'
 
 
@@ -79,7 +79,7 @@ class LoadedModel:
   """
 
   def __init__(self, model_config: ModelConfig, params: Any,
-               tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
+               tokenizer: Tokenizer, mean=CLIP_MEAN, std=CLIP_STD,
                batch_size: int = 64, objective: str = 'prolip',
                run_config: Optional[dict] = None, image_view: str = 'default'):
     self.config = model_config
@@ -188,8 +188,8 @@ def load(path: str, step: Optional[int] = None,
       keep_eos=tok_cfg.get('keep_eos', False))
   require_finite(params, owner)
   return LoadedModel(model_cfg, params, tokenizer,
-                     data.get('mean', _DEFAULT_MEAN),
-                     data.get('std', _DEFAULT_STD),
+                     data.get('mean', CLIP_MEAN),
+                     data.get('std', CLIP_STD),
                      objective=run_cfg.get('objective', 'prolip'),
                      run_config=run_cfg,
                      image_view=data.get('eval_view', 'default'))
