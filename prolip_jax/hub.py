@@ -54,17 +54,19 @@ from typing import Any, Optional
 
 from prolip_jax import convert
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax.config_keys import CLIP_MEAN
 from prolip_jax.config_keys import CLIP_STD
+from prolip_jax.file_names import CONFIG_FILE
+from prolip_jax.file_names import PROJECT_FILE
+from prolip_jax.file_names import TOKENIZER_FILES
+from prolip_jax.file_names import WEIGHTS_FILE
 
 HF_PREFIX = 'hf-hub:'
-CONFIG_FILE = 'config.json'
-WEIGHTS_FILE = 'model.safetensors'
-PROJECT_FILE = 'prolip_jax.json'  # the project's metadata of a hub export
-TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model')
-TOKENIZER_PATTERNS = ['tokenizer.json', 'tokenizer_config.json',
-                      'special_tokens_map.json', 'tokenizer.model',
-                      'spiece.model']
+# What to download of a Hub repo named for its tokenizer only.
+TOKENIZER_PATTERNS = [file_names.TOKENIZER_JSON,
+                      *file_names.TOKENIZER_SIDE_FILES,
+                      file_names.TOKENIZER_MODEL, file_names.SPIECE_MODEL]
 RELEASE_CLEAN = 'canonicalize'
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from prolip_jax import checkpoint
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax.config_keys import CLIP_MEAN
@@ -32,7 +33,6 @@ from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
-EXPORT_CONFIG = 'config.json'
 
 
 @dataclasses.dataclass
@@ -167,7 +167,7 @@ def load(path: str, step: Optional[int] = None,
       ``hf-hub:NAME`` to use instead of the snapshot's own.
   """
   if hub.is_hub_id(path) or hub.is_snapshot(path) or (
-      os.path.isfile(os.path.join(path, EXPORT_CONFIG))
+      os.path.isfile(os.path.join(path, file_names.CONFIG_FILE))
       and not os.path.isdir(checkpoint.checkpoint_dir(path))):
     return load_snapshot(path, tokenizer=tokenizer)
   path = os.path.abspath(path)

@@ -44,15 +44,15 @@ from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax import objectives
 from prolip_jax.data.tokenizer import HF_JSON
 from prolip_jax.data.tokenizer import file_kind
 from prolip_jax.data.tokenizer import file_sha256
-from prolip_jax.hub import PROJECT_FILE
+from prolip_jax.file_names import CONFIG_FILE
+from prolip_jax.file_names import PROJECT_FILE
+from prolip_jax.file_names import WEIGHTS_FILE
 # pylint: enable=g-import-not-at-top,wrong-import-position
-
-WEIGHTS_FILE = 'model.safetensors'
-CONFIG_FILE = 'config.json'
 
 
 def export(workdir: str, out: str, step: Optional[int] = None,
@@ -96,7 +96,7 @@ def export(workdir: str, out: str, step: Optional[int] = None,
       f'{checkpoint.checkpoint_dir(workdir)}')
   if os.path.exists(tokenizer):
     if file_kind(tokenizer) == HF_JSON:  # a tokenizer.json (fine-tuned release)
-      tok_name = HF_JSON
+      tok_name = file_names.TOKENIZER_JSON
     extra['tokenizer_file'] = tok_name
     # The export's tokenizer is checked against this on load.
     extra[checkpoint.TOKENIZER_SHA256] = file_sha256(tokenizer)

@@ -32,13 +32,12 @@ import numpy as np
 import sentencepiece as spm
 
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax.data import text_clean
 
 MASK_PIECE = '[MASK]'
 SENTENCEPIECE = 'sentencepiece'
-HF_JSON = 'tokenizer.json'
-# Files next to a tokenizer.json that name its special tokens (transformers).
-_HF_SIDE_FILES = ('tokenizer_config.json', 'special_tokens_map.json')
+HF_JSON = file_names.TOKENIZER_JSON  # the kind is named after its file
 
 
 def file_kind(path: str) -> str:
@@ -69,7 +68,7 @@ def hf_special_tokens(path: str) -> dict[str, str]:
   ``tokenizer_config.json`` / ``special_tokens_map.json`` next to ``path``
   (later files do not override earlier ones; empty when there are none)."""
   out: dict[str, str] = {}
-  for name in _HF_SIDE_FILES:
+  for name in file_names.TOKENIZER_SIDE_FILES:
     side = os.path.join(os.path.dirname(os.path.abspath(path)), name)
     if not os.path.isfile(side):
       continue
