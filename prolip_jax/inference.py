@@ -25,6 +25,7 @@ from prolip_jax.config_keys import CLIP_MEAN
 from prolip_jax.config_keys import CLIP_STD
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.embedding import as_uint8_image
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
@@ -175,17 +176,13 @@ def load(path: str, step: Optional[int] = None,
   model_cfg = ModelConfig.from_config(meta['model'])
   run_cfg = meta.get('config', {})
   data = run_cfg.get('data', {})
-  tok_cfg = run_cfg.get('tokenizer', {})
   tok_path = os.path.join(path, checkpoint.TOKENIZER_FILE)
   owner = (f'checkpoint step {meta.get("step")} under '
            f'{checkpoint.checkpoint_dir(path)}')
   checkpoint.check_tokenizer(meta, tok_path, owner)
-  tokenizer = Tokenizer(
-      tok_path,
-      model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
-      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'],
-      clean=tok_cfg.get('clean', 'none'),
-      keep_eos=tok_cfg.get('keep_eos', False))
+  tokenizer = tokenizer_from_config(tok_path, run_cfg,
+                                    model_cfg.text.context_length,
+                                    pad_id=model_cfg.text.pad_id)
   require_finite(params, owner)
   return LoadedModel(model_cfg, params, tokenizer,
                      data.get('mean', CLIP_MEAN),

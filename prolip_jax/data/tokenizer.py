@@ -31,6 +31,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from prolip_jax import config_keys
 from prolip_jax import errors
 from prolip_jax import file_names
 from prolip_jax.data import text_clean
@@ -229,6 +230,27 @@ class Tokenizer:
     for i, ids in enumerate(self.encode_ids(list(texts))):
       out[i, :len(ids)] = ids
     return out
+
+
+def tokenizer_from_config(path: str, config: Any, context_length: int,
+                          pad_id: Optional[int] = None) -> Tokenizer:
+  """The ``Tokenizer`` of file ``path`` with a run config's ``tokenizer.*``
+  settings: ``pad_id`` and ``mask_id`` (-1: the file's own / none),
+  ``clean`` and ``keep_eos``.
+
+  ``config``: a ConfigDict, or the dict a checkpoint stores; a key it lacks
+  (a run stored by an older version) takes its declared default
+  (``config_keys``). ``pad_id``, when given, replaces the config's: a
+  trained model pads with the id its model config recorded.
+  """
+  if pad_id is None:
+    pad = config_keys.get(config, 'tokenizer.pad_id')
+    pad_id = None if pad < 0 else pad
+  mask = config_keys.get(config, 'tokenizer.mask_id')
+  return Tokenizer(path, context_length, pad_id=pad_id,
+                   mask_id=None if mask < 0 else mask,
+                   clean=config_keys.get(config, 'tokenizer.clean'),
+                   keep_eos=config_keys.get(config, 'tokenizer.keep_eos'))
 
 
 def train_tokenizer(sentences: Iterable[str], model_path: str,
