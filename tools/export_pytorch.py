@@ -3,10 +3,11 @@
 python tools/export_pytorch.py --workdir DIR [--step N] --out OUT [--hub_compatible]
 
 Writes ``OUT/model.safetensors`` (fp32 state dict, see
-``prolip_jax/convert.py`` for the keys), ``OUT/config.json`` (the release's
-schema plus a ``prolip_jax`` key with the exact model config, tokenizer file,
-normalisation constants and step) and copies ``WORKDIR/tokenizer.model`` when
-present. ``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
+``prolip_jax/convert/keys.py`` for the keys), ``OUT/config.json`` (the
+release's schema plus a ``prolip_jax`` key with the exact model config,
+tokenizer file, normalisation constants and step) and copies
+``WORKDIR/tokenizer.model`` when present.
+``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
 ``prolip_jax.load(OUT)`` in JAX. The export is built in a folder beside
 ``OUT`` and swapped in whole (a re-export replaces ``OUT`` whole; a killed
 export leaves the previous one); ``prolip_jax.json``/config.json record the
