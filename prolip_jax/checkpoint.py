@@ -38,10 +38,11 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from prolip_jax import errors
+from prolip_jax import file_names
 
 CHECKPOINT_DIR = 'checkpoints'
 UNREADABLE_DIR = 'checkpoints_unreadable'
-TOKENIZER_FILE = 'tokenizer.model'
+TOKENIZER_FILE = file_names.TOKENIZER_MODEL  # the workdir's tokenizer
 ARRAY_ITEMS = ('params', 'opt_state', 'teacher')
 
 

@@ -34,6 +34,12 @@ DATA = 'changes the data order or the training batches'
 TOKENIZER = 'changes the tokenizer (the token ids)'
 MODEL = 'changes the model the checkpoint holds'
 
+# OpenAI CLIP's per-channel image mean and std (open_clip's
+# OPENAI_DATASET_MEAN/STD): the default normalisation of a run, and what a
+# release snapshot or an old checkpoint without its own is normalised with.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
 
 @dataclasses.dataclass(frozen=True)
 class Key:
@@ -166,10 +172,10 @@ KEYS: dict[str, Key] = {
                       DATA),
     'data.render_size': Key(64, 'emoji: pixels of the rendered glyphs',
                             DATA),
-    'data.mean': Key((0.48145466, 0.4578275, 0.40821073),
-                     "per-channel normalisation mean (CLIP's)", DATA),
-    'data.std': Key((0.26862954, 0.26130258, 0.27577711),
-                    "per-channel normalisation std (CLIP's)", DATA),
+    'data.mean': Key(CLIP_MEAN, "per-channel normalisation mean (CLIP's)",
+                     DATA),
+    'data.std': Key(CLIP_STD, "per-channel normalisation std (CLIP's)",
+                    DATA),
     'data.crop_scale': Key((0.8, 1.0), 'random resized crop area range',
                            DATA),
     'data.jitter': Key((0.32, 0.32, 0.32, 0.08), 'colour jitter (brightness, '

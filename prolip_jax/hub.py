@@ -54,17 +54,19 @@ from typing import Any, Optional
 
 from prolip_jax import convert
 from prolip_jax import errors
+from prolip_jax import file_names
+from prolip_jax.config_keys import CLIP_MEAN
+from prolip_jax.config_keys import CLIP_STD
+from prolip_jax.file_names import CONFIG_FILE
+from prolip_jax.file_names import PROJECT_FILE
+from prolip_jax.file_names import TOKENIZER_FILES
+from prolip_jax.file_names import WEIGHTS_FILE
 
 HF_PREFIX = 'hf-hub:'
-CONFIG_FILE = 'config.json'
-WEIGHTS_FILE = 'model.safetensors'
-PROJECT_FILE = 'prolip_jax.json'  # the project's metadata of a hub export
-TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'spiece.model')
-TOKENIZER_PATTERNS = ['tokenizer.json', 'tokenizer_config.json',
-                      'special_tokens_map.json', 'tokenizer.model',
-                      'spiece.model']
-OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+# What to download of a Hub repo named for its tokenizer only.
+TOKENIZER_PATTERNS = [file_names.TOKENIZER_JSON,
+                      *file_names.TOKENIZER_SIDE_FILES,
+                      file_names.TOKENIZER_MODEL, file_names.SPIECE_MODEL]
 RELEASE_CLEAN = 'canonicalize'
 
 
@@ -287,8 +289,8 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
         pad_id=pad, mask_id=project.get('mask_id'),
         clean=project.get('clean', 'none'),
         keep_eos=bool(project.get('keep_eos', False)),
-        mean=tuple(project.get('mean', OPENAI_MEAN)),
-        std=tuple(project.get('std', OPENAI_STD)),
+        mean=tuple(project.get('mean', CLIP_MEAN)),
+        std=tuple(project.get('std', CLIP_STD)),
         image_view=project.get('image_view', 'default'), release=False,
         tokenizer_sha256=project.get('tokenizer_sha256'))
   tc = cfg_json.get('text_cfg') or {}
@@ -307,8 +309,8 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
   settings = SnapshotSettings(
       path=path, model=model, tokenizer_path=tok_path, context_length=ctx,
       pad_id=pad, mask_id=mask, clean=clean, keep_eos=True,
-      mean=tuple(pre.get('mean', OPENAI_MEAN)),
-      std=tuple(pre.get('std', OPENAI_STD)), image_view='release',
+      mean=tuple(pre.get('mean', CLIP_MEAN)),
+      std=tuple(pre.get('std', CLIP_STD)), image_view='release',
       release=True)
   tok = settings.tokenizer()
   settings.pad_id = tok.pad_id

@@ -18,10 +18,14 @@ import numpy as np
 
 from prolip_jax import checkpoint
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax import hub
 from prolip_jax import objectives
+from prolip_jax.config_keys import CLIP_MEAN
+from prolip_jax.config_keys import CLIP_STD
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.embedding import as_uint8_image
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
@@ -30,9 +34,6 @@ from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 
-_DEFAULT_MEAN = (0.48145466, 0.4578275, 0.40821073)
-_DEFAULT_STD = (0.26862954, 0.26130258, 0.27577711)
-EXPORT_CONFIG = 'config.json'
 
 
 @dataclasses.dataclass
@@ -79,7 +80,7 @@ class LoadedModel:
   """
 
   def __init__(self, model_config: ModelConfig, params: Any,
-               tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
+               tokenizer: Tokenizer, mean=CLIP_MEAN, std=CLIP_STD,
                batch_size: int = 64, objective: str = 'prolip',
                run_config: Optional[dict] = None, image_view: str = 'default'):
     self.config = model_config
@@ -175,7 +176,7 @@ def load(path: str, step: Optional[int] = None,
       ``hf-hub:NAME`` to use instead of the snapshot's own.
   """
   if hub.is_hub_id(path) or hub.is_snapshot(path) or (
-      os.path.isfile(os.path.join(path, EXPORT_CONFIG))
+      os.path.isfile(os.path.join(path, file_names.CONFIG_FILE))
       and not os.path.isdir(checkpoint.checkpoint_dir(path))):
     return load_snapshot(path, tokenizer=tokenizer)
   path = os.path.abspath(path)
@@ -183,21 +184,17 @@ def load(path: str, step: Optional[int] = None,
   model_cfg = ModelConfig.from_config(meta['model'])
   run_cfg = meta.get('config', {})
   data = run_cfg.get('data', {})
-  tok_cfg = run_cfg.get('tokenizer', {})
   tok_path = os.path.join(path, checkpoint.TOKENIZER_FILE)
   owner = (f'checkpoint step {meta.get("step")} under '
            f'{checkpoint.checkpoint_dir(path)}')
   checkpoint.check_tokenizer(meta, tok_path, owner)
-  tokenizer = Tokenizer(
-      tok_path,
-      model_cfg.text.context_length, pad_id=model_cfg.text.pad_id,
-      mask_id=None if tok_cfg.get('mask_id', -1) < 0 else tok_cfg['mask_id'],
-      clean=tok_cfg.get('clean', 'none'),
-      keep_eos=tok_cfg.get('keep_eos', False))
+  tokenizer = tokenizer_from_config(tok_path, run_cfg,
+                                    model_cfg.text.context_length,
+                                    pad_id=model_cfg.text.pad_id)
   require_finite(params, owner)
   return LoadedModel(model_cfg, params, tokenizer,
-                     data.get('mean', _DEFAULT_MEAN),
-                     data.get('std', _DEFAULT_STD),
+                     data.get('mean', CLIP_MEAN),
+                     data.get('std', CLIP_STD),
                      objective=run_cfg.get('objective', 'prolip'),
                      run_config=run_cfg,
                      image_view=data.get('eval_view', 'default'))

@@ -44,9 +44,8 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from prolip_jax import convert
-
-CONFIG_FILE = 'config.json'
-WEIGHTS_FILE = 'model.safetensors'
+from prolip_jax.file_names import CONFIG_FILE
+from prolip_jax.file_names import WEIGHTS_FILE
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,6 +42,7 @@ from prolip_jax.data import records
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import sharded as sharded_eval
@@ -207,13 +208,8 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]],
     src = path
   if jax.process_count() > 1:  # the other hosts wait for process 0's file
     multihost_utils.sync_global_devices('prolip_jax tokenizer')
-  pad = config.tokenizer.pad_id
-  mask = config.tokenizer.mask_id
-  tokenizer = Tokenizer(src, config.model.text.context_length,
-                        pad_id=None if pad < 0 else pad,
-                        mask_id=None if mask < 0 else mask,
-                        clean=config_keys.get(config, 'tokenizer.clean'),
-                        keep_eos=config_keys.get(config, 'tokenizer.keep_eos'))
+  tokenizer = tokenizer_from_config(src, config,
+                                    config.model.text.context_length)
   checkpoint.check_tokenizer(meta, src, owner, sha256=tokenizer.sha256)
   return tokenizer
 

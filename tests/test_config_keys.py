@@ -58,6 +58,14 @@ def test_base_config_and_presets_read_the_declarations():
   assert config_keys.get({'data': {'num_views': 3}}, 'data.num_views') == 3
 
 
+def test_default_normalisation_is_openai_clips():
+  constants = pytest.importorskip('open_clip.constants')
+  assert config_keys.CLIP_MEAN == constants.OPENAI_DATASET_MEAN
+  assert config_keys.CLIP_STD == constants.OPENAI_DATASET_STD
+  assert presets.base_config().data.mean == config_keys.CLIP_MEAN
+  assert presets.base_config().data.std == config_keys.CLIP_STD
+
+
 def test_print_config_marks_fixed_keys():
   text = config_help.describe(presets.load_config_file(MICRO))
   lines = {l.split(' = ')[0]: l for l in text.splitlines()}

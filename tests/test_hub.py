@@ -21,6 +21,7 @@ import pytest
 
 from prolip_jax.data import text_clean
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.data.tokenizer import train_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,6 +167,30 @@ def test_sentencepiece_default_truncation_unchanged(tok_dir):
   short = 'a dog'
   np.testing.assert_array_equal(
       tok(short)[0, :len(sp.encode(short)) + 1], sp.encode(short) + [1])
+
+
+def test_tokenizer_from_config_reads_the_tokenizer_keys(tok_dir):
+  """What training and ``prolip_jax.load`` build from a run config: -1 is
+  the file's own pad id / [MASK]; a stored config without the keys (an older
+  version's) reads their declared defaults; a given pad id wins."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  path = str(tok_dir / 'spm.model')
+  sp = spm.SentencePieceProcessor(model_file=path)
+  text = ' '.join(['A Photo of the BIG dog'] * 5)
+  old = tokenizer_from_config(path, {}, 8)
+  assert (old.pad_id, old.mask_id, old.clean, old.keep_eos) == (
+      sp.pad_id(), sp.piece_to_id('[MASK]'), 'none', False)
+  np.testing.assert_array_equal(old(text)[0], sp.encode(text)[:8])
+  cfg = presets.base_config()
+  cfg.tokenizer.update(pad_id=5, mask_id=7, clean='lower', keep_eos=True)
+  tok = tokenizer_from_config(path, cfg, 8)
+  assert (tok.pad_id, tok.mask_id) == (5, 7)
+  np.testing.assert_array_equal(
+      tok(text)[0], sp.encode(text.lower())[:7] + [sp.eos_id()])
+  n = len(sp.encode('a dog')) + 1
+  assert list(tok('A  Dog')[0, n:]) == [5] * (8 - n)
+  assert tokenizer_from_config(path, cfg, 8, pad_id=0).pad_id == 0
 
 
 def test_tokenizer_json_pickles_and_detects_content(tok_dir, tmp_path):
@@ -316,8 +341,12 @@ def _images(seed=0):
 
 TEXTS = ['A photo of a Dog!', 'a_photo_of_a_BIG_cat...', '&lt;b&gt;Café&lt;/b&gt;',
          '', ' '.join(['x-ray of the dog'] * 20)]
-OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def _openai_mean_std():
+  """OpenAI CLIP's image mean and std as open_clip (the release) has them."""
+  constants = pytest.importorskip('open_clip.constants')
+  return constants.OPENAI_DATASET_MEAN, constants.OPENAI_DATASET_STD
 
 
 def _release_reference(model, family, tok_dir, images, texts):
@@ -331,8 +360,9 @@ def _release_reference(model, family, tok_dir, images, texts):
   tokens = open_clip.tokenizer.HFTokenizer(
       str(tok_dir), context_length=ctx, clean='canonicalize')(texts)
   size = cfg['vision_cfg']['image_size']
+  mean, std = _openai_mean_std()
   tf = open_clip.transform.image_transform(size, is_train=False,
-                                           mean=OPENAI_MEAN, std=OPENAI_STD)
+                                           mean=mean, std=std)
   pixels = torch.stack([tf(Image.fromarray(x)) for x in images])
   with torch.no_grad():
     img = [t.numpy() for t in model.encode_image(pixels)]
@@ -393,7 +423,7 @@ def test_release_preset_settings(tmp_path, offline, tok_dir):
   # [MASK]: the highest <extra_id_N>, the first id after the pieces (32000
   # = <extra_id_99> for SigLIP's 32,000 pieces + 100 extra ids).
   assert s.mask_id == sp_size(tok_dir)
-  assert s.mean == OPENAI_MEAN and s.std == OPENAI_STD
+  assert (s.mean, s.std) == _openai_mean_std()
   assert os.path.dirname(s.tokenizer_path).endswith(REVISION)
   # The vocabulary's sentencepiece file instead: same settings and ids.
   s2 = hub.snapshot_settings(str(snap), tokenizer=str(tok_dir / 'spm.model'))

@@ -16,6 +16,7 @@ import pytest
 
 from prolip_jax import checkpoint
 from prolip_jax import convert
+from prolip_jax import file_names
 from prolip_jax import hub
 from prolip_jax import presets
 from prolip_jax import train
@@ -153,7 +154,7 @@ def test_scanned_model_loads_from_snapshot_and_checkpoint(tmp_path):
   # A PyTorch-layout snapshot read by the scanned model (load_snapshot's
   # weight path).
   save_file(convert.params_to_state_dict(params, cfg),
-            str(tmp_path / hub.WEIGHTS_FILE))
+            str(tmp_path / file_names.WEIGHTS_FILE))
   snap = hub.load_params(str(tmp_path), cfg_scan.to_dict())
   assert convert.is_scanned(snap)
   # A training checkpoint holding stacked parameters (load's workdir path).

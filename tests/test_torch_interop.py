@@ -84,7 +84,7 @@ def _random_params(cfg, seed=0):
                             jax.random.PRNGKey(0))
   rng = np.random.default_rng(seed)
   flat = {}
-  for path, leaf in convert._flatten(abstract).items():  # pylint: disable=protected-access
+  for path, leaf in convert.flatten(abstract).items():
     noise = rng.standard_normal(leaf.shape, np.float32)
     name = path[-1]
     if name == 'kernel':
@@ -98,7 +98,7 @@ def _random_params(cfg, seed=0):
     else:
       value = 0.1 * noise
     flat[path] = np.asarray(value, np.float32)
-  return convert._unflatten(flat)  # pylint: disable=protected-access
+  return convert.unflatten(flat)
 
 
 def _inputs(cfg, n_images=2, seed=0):
@@ -147,7 +147,7 @@ def _assert_close(jax_out, torch_out, use_unc):
 
 
 def _tree_equal(a, b):
-  fa, fb = convert._flatten(a), convert._flatten(b)  # pylint: disable=protected-access
+  fa, fb = convert.flatten(a), convert.flatten(b)
   assert fa.keys() == fb.keys()
   for k in fa:
     x, y = np.asarray(fa[k]), np.asarray(fb[k])

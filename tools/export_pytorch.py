@@ -3,10 +3,11 @@
 python tools/export_pytorch.py --workdir DIR [--step N] --out OUT [--hub_compatible]
 
 Writes ``OUT/model.safetensors`` (fp32 state dict, see
-``prolip_jax/convert.py`` for the keys), ``OUT/config.json`` (the release's
-schema plus a ``prolip_jax`` key with the exact model config, tokenizer file,
-normalisation constants and step) and copies ``WORKDIR/tokenizer.model`` when
-present. ``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
+``prolip_jax/convert/keys.py`` for the keys), ``OUT/config.json`` (the
+release's schema plus a ``prolip_jax`` key with the exact model config,
+tokenizer file, normalisation constants and step) and copies
+``WORKDIR/tokenizer.model`` when present.
+``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
 ``prolip_jax.load(OUT)`` in JAX. The export is built in a folder beside
 ``OUT`` and swapped in whole (a re-export replaces ``OUT`` whole; a killed
 export leaves the previous one); ``prolip_jax.json``/config.json record the
@@ -44,15 +45,15 @@ from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax import objectives
 from prolip_jax.data.tokenizer import HF_JSON
 from prolip_jax.data.tokenizer import file_kind
 from prolip_jax.data.tokenizer import file_sha256
-from prolip_jax.hub import PROJECT_FILE
+from prolip_jax.file_names import CONFIG_FILE
+from prolip_jax.file_names import PROJECT_FILE
+from prolip_jax.file_names import WEIGHTS_FILE
 # pylint: enable=g-import-not-at-top,wrong-import-position
-
-WEIGHTS_FILE = 'model.safetensors'
-CONFIG_FILE = 'config.json'
 
 
 def export(workdir: str, out: str, step: Optional[int] = None,
@@ -96,7 +97,7 @@ def export(workdir: str, out: str, step: Optional[int] = None,
       f'{checkpoint.checkpoint_dir(workdir)}')
   if os.path.exists(tokenizer):
     if file_kind(tokenizer) == HF_JSON:  # a tokenizer.json (fine-tuned release)
-      tok_name = HF_JSON
+      tok_name = file_names.TOKENIZER_JSON
     extra['tokenizer_file'] = tok_name
     # The export's tokenizer is checked against this on load.
     extra[checkpoint.TOKENIZER_SHA256] = file_sha256(tokenizer)

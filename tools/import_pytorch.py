@@ -86,7 +86,7 @@ def read_state_dict(path: str) -> dict[str, Any]:
   else:
     raise ImportFailed(f'unsupported file type {path!r}: use .safetensors, '
                        f'{", ".join(TORCH_SUFFIXES)}')
-  return {k: convert._to_numpy(v) for k, v in sd.items()}  # pylint: disable=protected-access
+  return {k: convert.to_numpy(v) for k, v in sd.items()}
 
 
 def import_weights(src: str, config, workdir: str,

@@ -31,14 +31,14 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from prolip_jax import config_keys
 from prolip_jax import errors
+from prolip_jax import file_names
 from prolip_jax.data import text_clean
 
 MASK_PIECE = '[MASK]'
 SENTENCEPIECE = 'sentencepiece'
-HF_JSON = 'tokenizer.json'
-# Files next to a tokenizer.json that name its special tokens (transformers).
-_HF_SIDE_FILES = ('tokenizer_config.json', 'special_tokens_map.json')
+HF_JSON = file_names.TOKENIZER_JSON  # the kind is named after its file
 
 
 def file_kind(path: str) -> str:
@@ -69,7 +69,7 @@ def hf_special_tokens(path: str) -> dict[str, str]:
   ``tokenizer_config.json`` / ``special_tokens_map.json`` next to ``path``
   (later files do not override earlier ones; empty when there are none)."""
   out: dict[str, str] = {}
-  for name in _HF_SIDE_FILES:
+  for name in file_names.TOKENIZER_SIDE_FILES:
     side = os.path.join(os.path.dirname(os.path.abspath(path)), name)
     if not os.path.isfile(side):
       continue
@@ -230,6 +230,27 @@ class Tokenizer:
     for i, ids in enumerate(self.encode_ids(list(texts))):
       out[i, :len(ids)] = ids
     return out
+
+
+def tokenizer_from_config(path: str, config: Any, context_length: int,
+                          pad_id: Optional[int] = None) -> Tokenizer:
+  """The ``Tokenizer`` of file ``path`` with a run config's ``tokenizer.*``
+  settings: ``pad_id`` and ``mask_id`` (-1: the file's own / none),
+  ``clean`` and ``keep_eos``.
+
+  ``config``: a ConfigDict, or the dict a checkpoint stores; a key it lacks
+  (a run stored by an older version) takes its declared default
+  (``config_keys``). ``pad_id``, when given, replaces the config's: a
+  trained model pads with the id its model config recorded.
+  """
+  if pad_id is None:
+    pad = config_keys.get(config, 'tokenizer.pad_id')
+    pad_id = None if pad < 0 else pad
+  mask = config_keys.get(config, 'tokenizer.mask_id')
+  return Tokenizer(path, context_length, pad_id=pad_id,
+                   mask_id=None if mask < 0 else mask,
+                   clean=config_keys.get(config, 'tokenizer.clean'),
+                   keep_eos=config_keys.get(config, 'tokenizer.keep_eos'))
 
 
 def train_tokenizer(sentences: Iterable[str], model_path: str,

@@ -41,7 +41,7 @@ class ModelConfig:
   # remat=True with the default policy is the historical model.remat=True.
   remat: bool = False
   remat_policy: str = 'nothing_saveable'  # used when remat=True
-  scan: bool = False  # parameters stacked on a layer axis, see convert.py
+  scan: bool = False  # parameters stacked on a layer axis, see convert/arrays
   # 'auto' | 'xla' | 'cudnn', resolved per device by attention_impl_for.
   attention_impl: str = 'auto'
 
