@@ -20,6 +20,7 @@ from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import hub
 from prolip_jax import objectives
+from prolip_jax.data import image_decode
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.embedding import as_uint8_image
@@ -81,7 +82,8 @@ class LoadedModel:
   def __init__(self, model_config: ModelConfig, params: Any,
                tokenizer: Tokenizer, mean=_DEFAULT_MEAN, std=_DEFAULT_STD,
                batch_size: int = 64, objective: str = 'prolip',
-               run_config: Optional[dict] = None, image_view: str = 'default'):
+               run_config: Optional[dict] = None, image_view: str = 'default',
+               image_order: str = 'rgb_first'):
     self.config = model_config
     self.params = params
     self.tokenizer = tokenizer
@@ -90,6 +92,9 @@ class LoadedModel:
     self.batch_size = batch_size
     self.objective = objective
     self.image_view = image_view  # 'default' or 'release' (open_clip's)
+    # 'rgb_first' or 'release' (resize in the stored mode, RGB after the
+    # crop, as open_clip): pipeline.eval_images.
+    self.image_order = image_decode.check_order(image_order)
     enc_img, enc_txt = objectives.get(objective).encoders(
         ProLIP(model_config, attention=_attention_here(model_config)),
         params, run_config or {})
@@ -109,13 +114,23 @@ class LoadedModel:
     channels-first and empty arrays with a ``ValueError`` naming the image).
     No images give ``(0, d)`` arrays.
     """
-    images = [as_uint8_image(x, i) for i, x in enumerate(images)]
+    batch = self.preprocess_images(images)
+    if not len(batch):
+      return self._empty(self.image_fn, np.zeros((1,) + batch.shape[1:],
+                                                 np.uint8))
+    return embed_in_batches(self.image_fn, batch, self.batch_size)
+
+  def preprocess_images(self, images: Sequence[Any]) -> np.ndarray:
+    """The model's eval transform: images as ``encode_image`` takes them
+    -> ``(n, s, s, 3)`` uint8 (``image_view`` and ``image_order``)."""
+    keep = self.image_order == image_decode.RELEASE
+    images = [as_uint8_image(x, i, keep_mode=keep)
+              for i, x in enumerate(images)]
     size = self.config.vision.image_size
     if not images:
-      return self._empty(self.image_fn,
-                         np.zeros((1, size, size, 3), np.uint8))
-    batch = pipeline.eval_images(images, size, self.image_view)
-    return embed_in_batches(self.image_fn, batch, self.batch_size)
+      return np.zeros((0, size, size, 3), np.uint8)
+    return pipeline.eval_images(images, size, self.image_view,
+                                self.image_order)
 
   def encode_text(self, texts: Sequence[str] | str
                   ) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -192,7 +207,8 @@ def load(path: str, step: Optional[int] = None,
                      data.get('std', _DEFAULT_STD),
                      objective=run_cfg.get('objective', 'prolip'),
                      run_config=run_cfg,
-                     image_view=data.get('eval_view', 'default'))
+                     image_view=data.get('eval_view', 'default'),
+                     image_order=data.get('eval_image_order', 'rgb_first'))
 
 
 def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
@@ -220,7 +236,8 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
   params = hub.load_params(path, model_cfg)
   require_finite(params, f'the snapshot {path}')
   return LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
-                     batch_size=batch_size, image_view=s.image_view)
+                     batch_size=batch_size, image_view=s.image_view,
+                     image_order=s.image_order)
 
 
 def require_finite(params: Any, owner: str):

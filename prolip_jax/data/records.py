@@ -52,6 +52,7 @@ import numpy as np
 from PIL import Image
 
 from prolip_jax import errors
+from prolip_jax.data import image_decode
 
 SUFFIX = '.array_record'
 DONE_SUFFIX = '.done'
@@ -125,34 +126,9 @@ def check_image_bytes(data: bytes) -> Optional[str]:
   return None
 
 
-def decode_image(image: Any, min_pixels: int = 0) -> np.ndarray:
-  """HxWx3 uint8 RGB from encoded image bytes or an HxW / HxWx{1,3,4} array
-  (the one image decoder of training and of the data pipeline).
-
-  ``min_pixels > 0``: a JPEG is decoded at the smallest of libjpeg's DCT
-  scales (1, 1/2, 1/4, 1/8) that still leaves at least ``min_pixels``
-  pixels, several times cheaper than decoding at full size and then
-  shrinking (``train_min_pixels`` says how many the training crop needs).
-  """
-  if isinstance(image, (bytes, bytearray, memoryview)):
-    with Image.open(io.BytesIO(image)) as img:
-      width, height = img.size
-      if min_pixels and img.format == 'JPEG' and (
-          width * height >= 4 * min_pixels):
-        k = (min_pixels / (width * height)) ** 0.5
-        img.draft('RGB', (int(np.ceil(width * k)), int(np.ceil(height * k))))
-      out = np.asarray(img.convert('RGB'), np.uint8)
-  else:
-    out = np.asarray(image)
-    if out.ndim == 2:
-      out = np.repeat(out[..., None], 3, -1)
-    if out.ndim != 3 or out.shape[-1] not in (1, 3, 4):
-      raise ValueError(f'image array of shape {out.shape}')
-    out = np.asarray(out[..., :3] if out.shape[-1] != 1 else
-                     np.repeat(out, 3, -1), np.uint8)
-  if out.shape[0] < 1 or out.shape[1] < 1:
-    raise ValueError(f'empty image {out.shape}')
-  return out
+# The decoder of training records (RGB at decode); the name records.decode_image
+# is kept for callers written against it.
+decode_image = image_decode.decode_rgb
 
 
 class ShardWriter:
@@ -466,14 +442,7 @@ def open_tfds(name: str, split: str, data_dir: Optional[str] = None,
 # Bad-record handling at training time.
 
 
-def train_min_pixels(image_size: int, crop_scale: Sequence[float],
-                     crop_ratio: Sequence[float]) -> int:
-  """Pixels an image needs so that every random resized crop of it
-  (area >= ``crop_scale[0]``, aspect ratio in ``crop_ratio``) is at least
-  ``image_size`` pixels on each side: the narrow side of such a crop is
-  sqrt(scale * area * min(ratio, 1/ratio))."""
-  narrow = min(min(r, 1 / r) for r in crop_ratio)
-  return int(np.ceil(image_size**2 / (crop_scale[0] * narrow)))
+train_min_pixels = image_decode.train_min_pixels
 
 
 def check_record(record: Any, decode: bool = True, min_pixels: int = 0
