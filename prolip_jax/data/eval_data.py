@@ -33,7 +33,8 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from prolip_jax.data import image_decode
-from prolip_jax.data import records
+from prolip_jax.data import record_format
+from prolip_jax.data import record_sources
 from prolip_jax.data import transforms
 
 ASSETS = ('imagenet', 'cifar10', 'cifar100')
@@ -167,7 +168,8 @@ def zero_shot_tfds(name: str, split: Optional[str] = None,
                      f'class_names and templates (bundled: '
                      f'{sorted(TFDS_DATASETS)})')
   meta = metadata(asset) if asset else {}
-  ds = records.open_tfds(name, split or default_split, data_dir, image_key)
+  ds = record_sources.open_tfds(name, split or default_split, data_dir,
+                                image_key)
   labels = np.array([int(ds[i][label_key]) for i in range(len(ds))], np.int32)
   return ZeroShotDataset(
       _FieldView(ds, image_key), labels,
@@ -265,8 +267,8 @@ def retrieval_array_record(paths_or_glob: str | Sequence[str]
                            ) -> RetrievalDataset:
   """Retrieval set from array_record shards: records sharing ``key`` are one
   image (its bytes taken from the first such record) and its captions."""
-  src = records.ArrayRecordSource(paths_or_glob)
-  return _group((r['key'], r['image'], records.record_captions(r))
+  src = record_sources.ArrayRecordSource(paths_or_glob)
+  return _group((r['key'], r['image'], record_format.record_captions(r))
                 for r in (src[i] for i in range(len(src))))
 
 
