@@ -345,9 +345,10 @@ def prepare_init_from(config, workdir: str):
   snapshot decides ``config.model`` (its architecture; ``RUN_MODEL_KEYS``
   (dtype, remat, scan, attention) stay the run's), the tokenizer (``tokenizer.model_path``,
   ``pad_id``, ``mask_id``, ``clean``, ``keep_eos``) and ``data.mean``/
-  ``std``/``eval_view``/``eval_image_order``, and, when ``workdir`` has no checkpoint yet, its
-  weights become a step-0 checkpoint with no optimizer state, which training
-  resumes from with a fresh AdamW (as after ``tools/import_pytorch.py``).
+  ``std``/``eval_view``/``eval_image_order``, and, when ``workdir`` has no
+  checkpoint yet, its weights become a step-0 checkpoint with no optimizer
+  state, which training resumes from with a fresh AdamW (as after
+  ``tools/import_pytorch.py``).
   A workdir with checkpoints resumes from them as usual.
   """
   src = config.get('init_from', '') if hasattr(config, 'get') else ''

@@ -129,8 +129,9 @@ class ZeroShotDataset:
               view: str = 'default', order: str = 'rgb_first'
               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(images (b, s, s, 3) uint8 eval views, labels (b,))`` in order; the
-    last batch may be smaller. ``view`` / ``order``: the eval transform
-    (as ``pipeline.eval_images``; a model's ``image_view`` / ``image_order``)."""
+    last batch may be smaller. ``view`` / ``order``: the eval transform, as
+    in ``pipeline.eval_images`` (a model's ``image_view`` /
+    ``image_order``)."""
     for imgs, sl in _eval_batches(lambda i: self.images[i], len(self),
                                   batch_size, image_size, num_threads, view,
                                   order):

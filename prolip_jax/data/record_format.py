@@ -54,19 +54,24 @@ def serialize_example(image: bytes, caption: str, key: str) -> bytes:
 def parse_example(data: bytes) -> dict[str, Any]:
   """Record bytes -> ``{'key': str, 'image': bytes, 'caption': str, ...}``.
 
-  Raises ``bad_records.BadRecord(bad_records.UNREADABLE)`` for bytes that are not a serialized example.
+  Raises ``bad_records.BadRecord(UNREADABLE)`` for bytes that are not a
+  serialized example.
   """
   try:
     record = msgpack.unpackb(data, raw=False)
   except Exception as e:  # pylint: disable=broad-except
-    raise bad_records.BadRecord(bad_records.UNREADABLE, f'not msgpack: {e}') from None
+    raise bad_records.BadRecord(bad_records.UNREADABLE,
+                                f'not msgpack: {e}') from None
   if not isinstance(record, dict):
-    raise bad_records.BadRecord(bad_records.UNREADABLE, f'expected a map, got {type(record).__name__}')
+    raise bad_records.BadRecord(
+        bad_records.UNREADABLE,
+        f'expected a map, got {type(record).__name__}')
   return record
 
 
 def record_captions(record: dict) -> list[str]:
-  """The non-blank captions of a record (``caption`` or ``captions``), stripped."""
+  """The non-blank captions of a record (``caption`` or ``captions``),
+  stripped."""
   if 'captions' in record:
     caps = record['captions']
   else:
