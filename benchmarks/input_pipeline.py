@@ -7,9 +7,9 @@ Builds ~500 realistic JPEGs (web-photo sizes: half 500x375, half 800x600,
 quality 90, cut and rescaled from scikit-learn's two sample photos and
 flipped), writes them as array_record shards, trains a small sentencepiece
 model on their captions, then times ``pipeline.train_dataset`` over
-``records.CheckedSource`` (the real training path: array_record read, msgpack
-parse, PIL decode, random
-resized crop to 224, colour jitter, grayscale, tokenise to 64 ids):
+``bad_records.CheckedSource`` (the real training path: array_record read,
+msgpack parse, PIL decode, random resized crop to 224, colour jitter,
+grayscale, tokenise to 64 ids):
 
 * per stage on one thread (where the time goes),
   (every rate is the best of 3 timing windows: on a shared machine the
@@ -20,7 +20,7 @@ resized crop to 224, colour jitter, grayscale, tokenise to 64 ids):
 
 each for three set-ups: before (full-size decode, PIL colour jitter in the
 worker), the reduced-scale JPEG decode (``CheckedSource(min_pixels=
-records.train_min_pixels(...))``, as training uses it) and that plus
+image_decode.train_min_pixels(...))``, as training uses it) and that plus
 ``color_on_device`` (the worker only crops; ``data/color.py`` jitters in
 the train step, whose cost on an accelerator is not counted here).
 
@@ -83,15 +83,15 @@ def make_jpegs(n: int, seed: int = 0) -> list[tuple[bytes, str]]:
 
 
 def write_shards(examples, directory: str, shards: int = 4) -> str:
-  from prolip_jax.data import records
+  from prolip_jax.data import record_format
   per = -(-len(examples) // shards)
   for s in range(shards):
-    w = records.ShardWriter(os.path.join(directory,
-                                         f'{s:05d}{records.SUFFIX}'))
+    w = record_format.ShardWriter(
+        os.path.join(directory, f'{s:05d}{record_format.SUFFIX}'))
     for k, (image, caption) in enumerate(examples[s * per:(s + 1) * per]):
-      w.write(records.serialize_example(image, caption, f'{s}-{k}'))
+      w.write(record_format.serialize_example(image, caption, f'{s}-{k}'))
     w.close()
-  return os.path.join(directory, '*' + records.SUFFIX)
+  return os.path.join(directory, '*' + record_format.SUFFIX)
 
 
 def _rate(fn, n: int, seconds: float, repeats: int = 3) -> float:
@@ -127,7 +127,9 @@ def main(argv=None):
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()  # Grain worker processes read absl flags
   from prolip_jax.data import pipeline
-  from prolip_jax.data import records
+  from prolip_jax.data import bad_records
+  from prolip_jax.data import image_decode
+  from prolip_jax.data import record_sources
   from prolip_jax.data import transforms
   from prolip_jax.data.tokenizer import Tokenizer
   from prolip_jax.data.tokenizer import train_tokenizer
@@ -144,12 +146,12 @@ def main(argv=None):
         f'{np.mean(sizes) / 1e3:.1f} kB, in 4 array_record shards '
         f'({time.time() - t0:.1f}s to build); cpus visible: {os.cpu_count()}')
 
-  raw = records.ArrayRecordSource(pattern)
+  raw = record_sources.ArrayRecordSource(pattern)
   n = len(raw)
   parsed = [raw[i] for i in range(n)]
   host_aug = transforms.AugmentConfig()
-  min_pixels = records.train_min_pixels(args.size, host_aug.crop_scale,
-                                        host_aug.crop_ratio)
+  min_pixels = image_decode.train_min_pixels(
+      args.size, host_aug.crop_scale, host_aug.crop_ratio)
   device_aug = transforms.AugmentConfig(color_on_device=True)
   variants = {
       'before: full-size decode, colour jitter on the host': (0, host_aug),
@@ -161,10 +163,10 @@ def main(argv=None):
   rng = np.random.default_rng(0)
   results = {}
   for variant, (pixels, aug) in variants.items():
-    decoded = [records.decode_image(r['image'], pixels) for r in parsed]
+    decoded = [image_decode.decode_rgb(r['image'], pixels) for r in parsed]
     stage = {
         'read+parse (array_record, msgpack)': lambda i: raw[i],
-        'JPEG decode (PIL)': lambda i, p=pixels: records.decode_image(
+        'JPEG decode (PIL)': lambda i, p=pixels: image_decode.decode_rgb(
             parsed[i]['image'], p),
         f'train augment to {args.size}px': lambda i, d=decoded, a=aug:
             transforms.train_view(d[i], args.size, rng, a),
@@ -180,8 +182,8 @@ def main(argv=None):
     print(f'  {"sum of stages":40s} {1 / inv:9.0f}')
 
     def dataset(pixels=pixels, aug=aug):
-      src = records.CheckedSource(records.ArrayRecordSource(pattern),
-                                  min_pixels=pixels)
+      src = bad_records.CheckedSource(
+          record_sources.ArrayRecordSource(pattern), min_pixels=pixels)
       return pipeline.train_dataset(
           src, tokenizer=tok, image_size=args.size,
           global_batch_size=args.batch, seed=0, augment=aug), src

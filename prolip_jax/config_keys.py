@@ -202,6 +202,9 @@ KEYS: dict[str, Key] = {
                                         'tokenizer (first run only)'),
     'data.eval_view': Key('default', "eval image transform: default | "
                           "release (open_clip's)"),
+    'data.eval_image_order': Key('rgb_first', 'eval decode: rgb_first | '
+                                 'release (resize in the stored mode, RGB '
+                                 'last)'),
     # -- tokenizer
     'tokenizer.model_path': Key('', 'a .model file (empty: train one on the '
                                 'captions)', TOKENIZER),

@@ -66,8 +66,13 @@ def embed_in_batches(fn: Callable[[np.ndarray], tuple], inputs: np.ndarray,
 
 
 
-def as_uint8_image(image: Any, index: int = 0) -> np.ndarray | bytes:
+def as_uint8_image(image: Any, index: int = 0, keep_mode: bool = False
+                   ) -> Any:
   """One input image -> ``(h, w, 3)`` uint8 (or its encoded bytes as given).
+
+  ``keep_mode``: a file path or PIL image comes back as a PIL image in the
+  mode it was stored in (for the release's eval order, ``image_decode``),
+  not converted to RGB.
 
   Accepts uint8 ``(h, w, 3)``/``(h, w)``/``(h, w, 1)``/``(h, w, 4)`` arrays
   (grey is repeated, alpha dropped), other integer arrays with values in
@@ -84,6 +89,9 @@ def as_uint8_image(image: Any, index: int = 0) -> np.ndarray | bytes:
   if isinstance(image, (str, os.PathLike)):
     try:
       with Image.open(image) as img:
+        if keep_mode:
+          img.load()
+          return img
         return np.asarray(img.convert('RGB'), np.uint8)
     except FileNotFoundError:
       raise
@@ -91,7 +99,10 @@ def as_uint8_image(image: Any, index: int = 0) -> np.ndarray | bytes:
       raise ValueError(f'{where}: {os.fspath(image)} is not a readable '
                        f'image ({type(e).__name__}).') from e
   if isinstance(image, Image.Image):
-    return np.asarray(image.convert('RGB'), np.uint8)
+    if image.width < 1 or image.height < 1:
+      raise ValueError(f'{where}: a {image.width}x{image.height} PIL image is '
+                       'empty.')
+    return image if keep_mode else np.asarray(image.convert('RGB'), np.uint8)
   x = np.asarray(image)
   if x.dtype == object or not (np.issubdtype(x.dtype, np.number)
                                or x.dtype == np.bool_):

@@ -20,7 +20,7 @@ Settings (``snapshot_settings``):
 * a snapshot with this project's metadata (the ``prolip_jax`` key of
   config.json, or ``prolip_jax.json`` next to it as the ``--hub_compatible``
   export writes) gets exactly the model config, tokenizer file and settings,
-  normalisation and eval view it was exported with;
+  normalisation, eval view and eval image order it was exported with;
 * a plain release-schema snapshot gets the release preset: the release's
   forward pass (``release_compat=True``, decided by the [CLS]/[UNC] tokens of
   the config), ``text_cfg.context_length`` (64; 256 for the long-context
@@ -28,7 +28,8 @@ Settings (``snapshot_settings``):
   highest ``<extra_id_N>`` (32000 = ``<extra_id_99>`` for SigLIP's),
   ``clean='canonicalize'`` (or ``text_cfg.tokenizer_kwargs.clean``), EOS kept
   on truncation, OpenAI CLIP mean/std (or ``preprocess_cfg``) and open_clip's
-  eval transform (bicubic shorter-side resize + centre crop, ``'release'``).
+  eval transform (bicubic shorter-side resize + centre crop in the image's
+  stored mode, RGB after the crop: view and order ``'release'``).
   A sentencepiece tokenizer file gets the same ids as the tokenizer.json of
   its vocabulary: EOS kept on truncation, padding with ``text_cfg.pad_id``
   or else EOS.
@@ -164,6 +165,7 @@ class SnapshotSettings:
   release: bool  # the release preset (no project metadata) was applied
   # sha256 of the snapshot's own tokenizer file, as the export recorded it.
   tokenizer_sha256: Optional[str] = None
+  image_order: str = 'rgb_first'  # pipeline.eval_images's order
 
   def tokenizer(self):
     """The ``Tokenizer`` these settings describe."""
@@ -292,7 +294,8 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
         mean=tuple(project.get('mean', CLIP_MEAN)),
         std=tuple(project.get('std', CLIP_STD)),
         image_view=project.get('image_view', 'default'), release=False,
-        tokenizer_sha256=project.get('tokenizer_sha256'))
+        tokenizer_sha256=project.get('tokenizer_sha256'),
+        image_order=project.get('image_order', 'rgb_first'))
   tc = cfg_json.get('text_cfg') or {}
   pre = cfg_json.get('preprocess_cfg') or {}
   clean = (tc.get('tokenizer_kwargs') or {}).get('clean', RELEASE_CLEAN)
@@ -311,7 +314,7 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
       pad_id=pad, mask_id=mask, clean=clean, keep_eos=True,
       mean=tuple(pre.get('mean', CLIP_MEAN)),
       std=tuple(pre.get('std', CLIP_STD)), image_view='release',
-      release=True)
+      release=True, image_order='release')
   tok = settings.tokenizer()
   settings.pad_id = tok.pad_id
   settings.mask_id = tok.mask_id
@@ -344,9 +347,10 @@ def prepare_init_from(config, workdir: str):
   snapshot decides ``config.model`` (its architecture; ``RUN_MODEL_KEYS``
   (dtype, remat, scan, attention) stay the run's), the tokenizer (``tokenizer.model_path``,
   ``pad_id``, ``mask_id``, ``clean``, ``keep_eos``) and ``data.mean``/
-  ``std``/``eval_view``, and, when ``workdir`` has no checkpoint yet, its
-  weights become a step-0 checkpoint with no optimizer state, which training
-  resumes from with a fresh AdamW (as after ``tools/import_pytorch.py``).
+  ``std``/``eval_view``/``eval_image_order``, and, when ``workdir`` has no
+  checkpoint yet, its weights become a step-0 checkpoint with no optimizer
+  state, which training resumes from with a fresh AdamW (as after
+  ``tools/import_pytorch.py``).
   A workdir with checkpoints resumes from them as usual.
   """
   src = config.get('init_from', '') if hasattr(config, 'get') else ''
@@ -375,6 +379,7 @@ def prepare_init_from(config, workdir: str):
     config.data.mean = tuple(s.mean)
     config.data.std = tuple(s.std)
     config.data.eval_view = s.image_view
+    config.data.eval_image_order = s.image_order
   if checkpoint.latest_step(workdir) is None:
     if jax.process_index() == 0:
       model_cfg = ModelConfig.from_config(model)

@@ -23,6 +23,7 @@ from prolip_jax import hub
 from prolip_jax import objectives
 from prolip_jax.config_keys import CLIP_MEAN
 from prolip_jax.config_keys import CLIP_STD
+from prolip_jax.data import image_decode
 from prolip_jax.data import pipeline
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import tokenizer_from_config
@@ -82,7 +83,8 @@ class LoadedModel:
   def __init__(self, model_config: ModelConfig, params: Any,
                tokenizer: Tokenizer, mean=CLIP_MEAN, std=CLIP_STD,
                batch_size: int = 64, objective: str = 'prolip',
-               run_config: Optional[dict] = None, image_view: str = 'default'):
+               run_config: Optional[dict] = None, image_view: str = 'default',
+               image_order: str = 'rgb_first'):
     self.config = model_config
     self.params = params
     self.tokenizer = tokenizer
@@ -91,6 +93,9 @@ class LoadedModel:
     self.batch_size = batch_size
     self.objective = objective
     self.image_view = image_view  # 'default' or 'release' (open_clip's)
+    # 'rgb_first' or 'release' (resize in the stored mode, RGB after the
+    # crop, as open_clip): pipeline.eval_images.
+    self.image_order = image_decode.check_order(image_order)
     self.run_config = run_config or {}
     self._module = ProLIP(model_config,
                           attention=_attention_here(model_config))
@@ -118,13 +123,23 @@ class LoadedModel:
     channels-first and empty arrays with a ``ValueError`` naming the image).
     No images give ``(0, d)`` arrays.
     """
-    images = [as_uint8_image(x, i) for i, x in enumerate(images)]
+    batch = self.preprocess_images(images)
+    if not len(batch):
+      return self._empty(self.image_fn, np.zeros((1,) + batch.shape[1:],
+                                                 np.uint8))
+    return embed_in_batches(self.image_fn, batch, self.batch_size)
+
+  def preprocess_images(self, images: Sequence[Any]) -> np.ndarray:
+    """The model's eval transform: images as ``encode_image`` takes them
+    -> ``(n, s, s, 3)`` uint8 (``image_view`` and ``image_order``)."""
+    keep = self.image_order == image_decode.RELEASE
+    images = [as_uint8_image(x, i, keep_mode=keep)
+              for i, x in enumerate(images)]
     size = self.config.vision.image_size
     if not images:
-      return self._empty(self.image_fn,
-                         np.zeros((1, size, size, 3), np.uint8))
-    batch = pipeline.eval_images(images, size, self.image_view)
-    return embed_in_batches(self.image_fn, batch, self.batch_size)
+      return np.zeros((0, size, size, 3), np.uint8)
+    return pipeline.eval_images(images, size, self.image_view,
+                                self.image_order)
 
   def encode_text(self, texts: Sequence[str] | str
                   ) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -197,7 +212,8 @@ def load(path: str, step: Optional[int] = None,
                      data.get('std', CLIP_STD),
                      objective=run_cfg.get('objective', 'prolip'),
                      run_config=run_cfg,
-                     image_view=data.get('eval_view', 'default'))
+                     image_view=data.get('eval_view', 'default'),
+                     image_order=data.get('eval_image_order', 'rgb_first'))
 
 
 def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
@@ -225,7 +241,8 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
   params = hub.load_params(path, model_cfg)
   require_finite(params, f'the snapshot {path}')
   return LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
-                     batch_size=batch_size, image_view=s.image_view)
+                     batch_size=batch_size, image_view=s.image_view,
+                     image_order=s.image_order)
 
 
 def require_finite(params: Any, owner: str):

@@ -23,7 +23,10 @@ from prolip_jax.data import converters
 from prolip_jax.data import digits
 from prolip_jax.data import eval_data
 from prolip_jax.data import pipeline
-from prolip_jax.data import records
+from prolip_jax.data import bad_records
+from prolip_jax.data import image_decode
+from prolip_jax.data import record_format
+from prolip_jax.data import record_sources
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
@@ -77,9 +80,9 @@ def digit_shards(tmp_path_factory, digit_data):
   """The digit examples in two array_record shards (20 + 28 records)."""
   d = tmp_path_factory.mktemp('digit_shards')
   for name, part in (('a', digit_data[:20]), ('b', digit_data[20:])):
-    w = records.ShardWriter(str(d / f'{name}.array_record'))
+    w = record_format.ShardWriter(str(d / f'{name}.array_record'))
     for image, caption, key in part:
-      w.write(records.serialize_example(image, caption, key))
+      w.write(record_format.serialize_example(image, caption, key))
     w.close()
   return str(d / '*.array_record')
 
@@ -108,35 +111,37 @@ def _record_ids(tokens: np.ndarray, tokenizer: Tokenizer) -> list[int]:
 def test_serialize_parse_round_trip(digit_data):
   image, caption, key = digit_data[3]
   caption = caption + ' — ünïcode ✓'
-  data = records.serialize_example(image, caption, key)
-  rec = records.parse_example(data)
+  data = record_format.serialize_example(image, caption, key)
+  rec = record_format.parse_example(data)
   assert rec == {'key': key, 'image': image, 'caption': caption}
   assert isinstance(rec['image'], bytes)
-  with pytest.raises(records.BadRecord) as e:
-    records.parse_example(b'\xc1 not msgpack')
-  assert e.value.reason == records.UNREADABLE
+  with pytest.raises(bad_records.BadRecord) as e:
+    record_format.parse_example(b'\xc1 not msgpack')
+  assert e.value.reason == bad_records.UNREADABLE
   with pytest.raises(TypeError):
-    records.serialize_example(np.zeros((2, 2, 3), np.uint8), 'x', 'k')
+    record_format.serialize_example(np.zeros((2, 2, 3), np.uint8), 'x', 'k')
 
 
 def test_expand_braces_and_paths(tmp_path):
-  assert records.expand_braces('d/{0008..0011}.tar') == [
+  assert record_sources.expand_braces('d/{0008..0011}.tar') == [
       'd/0008.tar', 'd/0009.tar', 'd/0010.tar', 'd/0011.tar']
-  assert records.expand_braces('{a,b}-{1..2}') == ['a-1', 'a-2', 'b-1', 'b-2']
-  assert records.expand_braces('x{y}z') == ['x{y}z']
+  assert record_sources.expand_braces('{a,b}-{1..2}') == [
+      'a-1', 'a-2', 'b-1', 'b-2']
+  assert record_sources.expand_braces('x{y}z') == ['x{y}z']
   for n in ('b', 'a'):
     (tmp_path / f'{n}.array_record').write_bytes(b'')
   (tmp_path / 'a.array_record.done').write_text('{}')
   want = [str(tmp_path / 'a.array_record'), str(tmp_path / 'b.array_record')]
-  assert records.expand_paths(str(tmp_path / '*.array_record')) == want
-  assert records.expand_paths(str(tmp_path)) == want
-  assert records.expand_paths(str(tmp_path / '{a,b}.array_record')) == want
+  assert record_sources.expand_paths(str(tmp_path / '*.array_record')) == want
+  assert record_sources.expand_paths(str(tmp_path)) == want
+  assert record_sources.expand_paths(
+      str(tmp_path / '{a,b}.array_record')) == want
   with pytest.raises(FileNotFoundError):
-    records.expand_paths(str(tmp_path / 'nothing*.tar'))
+    record_sources.expand_paths(str(tmp_path / 'nothing*.tar'))
 
 
 def test_array_record_source(digit_shards, digit_data):
-  src = records.ArrayRecordSource(digit_shards)
+  src = record_sources.ArrayRecordSource(digit_shards)
   assert len(src) == N_DIGITS and src.shard_sizes == [20, 28]
   for i in (0, 19, 20, 47):
     image, caption, key = digit_data[i]
@@ -197,17 +202,17 @@ def test_convert_webdataset(tmp_path, digit_data, photos):
   assert json.loads((out / 'summary.json').read_text()) == summary
   for i in range(2):
     shard = str(out / f'{i:05d}.array_record')
-    assert os.path.exists(shard + records.DONE_SUFFIX)
+    assert os.path.exists(shard + record_format.DONE_SUFFIX)
     got = [(r['key'], r['image'], r['caption'])
-           for r in records.read_shard(shard)]
+           for r in record_format.read_shard(shard)]
     assert got == good[i]  # byte-exact images and captions, in order
-  src = records.ArrayRecordSource(str(out / '*.array_record'))
+  src = record_sources.ArrayRecordSource(str(out / '*.array_record'))
   assert [src[i]['key'] for i in range(len(src))] == [
       k for i in range(2) for k, _, _ in good[i]]
 
   # Resume through the command line: finished shards are not redone, and a
   # shard without its marker is.
-  os.remove(out / ('00001.array_record' + records.DONE_SUFFIX))
+  os.remove(out / ('00001.array_record' + record_format.DONE_SUFFIX))
   mtime = os.path.getmtime(out / '00000.array_record')
   again = _tool('convert_webdataset').main(
       ['--input', str(tmp_path / 'in' / '{00000..00001}.tar'), '--output',
@@ -232,7 +237,7 @@ def test_convert_webdataset_truncated_tar(tmp_path, digit_data):
   # Two whole examples kept; the torn third one is not a valid example.
   assert summary['records_written'] == 2 and len(summary['errors']) == 1
   assert 'x.tar' in summary['errors'][0]
-  kept = records.read_shard(str(tmp_path / 'out' / 'x.array_record'))
+  kept = record_format.read_shard(str(tmp_path / 'out' / 'x.array_record'))
   assert [r['image'] for r in kept] == [d[0] for d in digit_data[:2]]
 
 
@@ -271,7 +276,8 @@ def test_convert_folder(tmp_path, digit_data, photos):
       'empty_caption': 1, 'bad_caption': 1, 'too_long': 1}
   assert sorted(summary['shards']) == [
       f'{i:05d}.array_record' for i in range(3)]
-  src = records.ArrayRecordSource(str(tmp_path / 'out' / '*.array_record'))
+  src = record_sources.ArrayRecordSource(
+      str(tmp_path / 'out' / '*.array_record'))
   got = [(r['key'], r['image'], r['caption'])
          for r in (src[i] for i in range(len(src)))]
   assert got == expected
@@ -283,7 +289,7 @@ def test_convert_folder(tmp_path, digit_data, photos):
       f.write(f'{rel},"{cap}"\n')
   converters.convert_folder(str(img_dir), str(tmp_path / 'captions.csv'),
                             str(tmp_path / 'out_csv'))
-  csv_src = records.ArrayRecordSource(str(tmp_path / 'out_csv'))
+  csv_src = record_sources.ArrayRecordSource(str(tmp_path / 'out_csv'))
   assert [csv_src[i] for i in range(len(csv_src))] == [
       src[i] for i in range(len(src))]
 
@@ -329,7 +335,7 @@ def test_convert_folder(tmp_path, digit_data, photos):
   assert ret2.captions == ret.captions[:11]
   assert ret2.image_of_text.tolist() == ret.image_of_text.tolist()[:11]
   np.testing.assert_array_equal(eval_data.load_image(ret2.images[5]),
-                                records.decode_image(photo))
+                                image_decode.decode_rgb(photo))
 
 
 def test_train_tokenizer_tool(tmp_path, digit_shards, digit_data):
@@ -360,7 +366,7 @@ def test_pipeline_deterministic_and_resumable(digit_shards, tok):
   config = ml_collections.ConfigDict({'data': {'name': 'array_record',
                                                'path': digit_shards}})
   src, corpus = sources.train_source(config)
-  assert isinstance(src, records.CheckedSource) and len(src) == N_DIGITS
+  assert isinstance(src, bad_records.CheckedSource) and len(src) == N_DIGITS
   assert len(corpus()) == N_DIGITS
   ds = _train_ds(src, tok)
   again = _train_ds(sources.train_source(config)[0], tok)
@@ -386,7 +392,8 @@ def test_pipeline_deterministic_and_resumable(digit_shards, tok):
 
 
 def test_per_host_shards_disjoint_and_complete(digit_shards, tok):
-  src = records.CheckedSource(records.ArrayRecordSource(digit_shards))
+  src = bad_records.CheckedSource(
+      record_sources.ArrayRecordSource(digit_shards))
   full = _train_ds(src, tok)
   hosts = [_train_ds(src, tok, process_index=p, process_count=2)
            for p in range(2)]
@@ -413,11 +420,11 @@ def test_per_host_shards_disjoint_and_complete(digit_shards, tok):
 def dirty_shards(tmp_path_factory, digit_data):
   """Shard ``clean`` (16 good) and ``dirty`` (16: records 3, 4 and 9 bad)."""
   d = tmp_path_factory.mktemp('dirty')
-  w = records.ShardWriter(str(d / 'clean.array_record'))
+  w = record_format.ShardWriter(str(d / 'clean.array_record'))
   for image, caption, key in digit_data[:16]:
-    w.write(records.serialize_example(image, caption, key))
+    w.write(record_format.serialize_example(image, caption, key))
   w.close()
-  w = records.ShardWriter(str(d / 'dirty.array_record'))
+  w = record_format.ShardWriter(str(d / 'dirty.array_record'))
   for i, (image, caption, key) in enumerate(digit_data[16:32]):
     if i == 3:
       image = image[:len(image) // 2]  # truncated JPEG
@@ -426,14 +433,14 @@ def dirty_shards(tmp_path_factory, digit_data):
     if i == 9:
       w.write(b'\x00\x01 not a record')
     else:
-      w.write(records.serialize_example(image, caption, key))
+      w.write(record_format.serialize_example(image, caption, key))
   w.close()
   return d
 
 
 def test_bad_records_replaced_and_counted(dirty_shards, digit_data, tok):
-  raw = records.ArrayRecordSource(str(dirty_shards / '*.array_record'))
-  src = records.CheckedSource(raw, max_bad_fraction=0.25, warmup=0)
+  raw = record_sources.ArrayRecordSource(str(dirty_shards / '*.array_record'))
+  src = bad_records.CheckedSource(raw, max_bad_fraction=0.25, warmup=0)
   # Bad record i is replaced by the next good one: 19, 20 -> 21, 25 -> 26.
   recs = [src[i] for i in range(len(src))]
   keys = [r['key'] for r in recs]
@@ -441,14 +448,14 @@ def test_bad_records_replaced_and_counted(dirty_shards, digit_data, tok):
   assert keys[25] == keys[26] == digit_data[26][2]
   assert keys[:19] == [d[2] for d in digit_data[:19]]
   np.testing.assert_array_equal(recs[0]['image'],
-                                records.decode_image(digit_data[0][0]))
+                                image_decode.decode_rgb(digit_data[0][0]))
   stats = src.stats()
   assert stats['seen'] == 32 and stats['bad'] == 3
   assert stats['by_reason'] == {'corrupt_image': 1, 'empty_caption': 1,
                                 'unreadable_record': 1}
   assert stats['by_shard'] == {str(dirty_shards / 'dirty.array_record'): 3}
   # The pipeline over it is deterministic and counts every record it reads.
-  fresh = records.CheckedSource(raw, max_bad_fraction=0.25, warmup=0)
+  fresh = bad_records.CheckedSource(raw, max_bad_fraction=0.25, warmup=0)
   ds, ds2 = _train_ds(src, tok), _train_ds(fresh, tok)
   for step in range(4):
     assert _equal(ds[step], ds2[step])
@@ -457,7 +464,7 @@ def test_bad_records_replaced_and_counted(dirty_shards, digit_data, tok):
   # The copy's own threshold (1 bad of 1 read) stops it, after reporting.
   copy = pickle.loads(pickle.dumps(fresh))
   assert copy[26]['key'] == digit_data[26][2]
-  with pytest.raises(records.BadRecordError, match='position 9'):
+  with pytest.raises(bad_records.BadRecordError, match='position 9'):
     copy[25]
   total = fresh.stats()
   assert total['seen'] == 34 and total['bad'] == 4
@@ -465,19 +472,19 @@ def test_bad_records_replaced_and_counted(dirty_shards, digit_data, tok):
 
 
 def test_too_many_bad_records_stop_naming_the_shard(dirty_shards, tok):
-  raw = records.ArrayRecordSource(str(dirty_shards / '*.array_record'))
-  src = records.CheckedSource(raw, max_bad_fraction=0.05, warmup=20)
+  raw = record_sources.ArrayRecordSource(str(dirty_shards / '*.array_record'))
+  src = bad_records.CheckedSource(raw, max_bad_fraction=0.05, warmup=20)
   for i in range(20):  # index 19 is bad: 1 of 20 reads is tolerated...
     src[i]
-  with pytest.raises(records.BadRecordError) as e:
+  with pytest.raises(bad_records.BadRecordError) as e:
     src[20]  # ...2 bad of 21 > 5% of max(21, 20)
   msg = str(e.value)
   assert 'dirty.array_record position 4' in msg and 'empty_caption' in msg
   assert 'data.max_bad_fraction=0.05' in msg
   # Through the pipeline the same error stops iteration.
-  ds = _train_ds(records.CheckedSource(raw, max_bad_fraction=0.01,
-                                       warmup=10), tok)
-  with pytest.raises(records.BadRecordError, match='dirty.array_record'):
+  ds = _train_ds(bad_records.CheckedSource(raw, max_bad_fraction=0.01,
+                                           warmup=10), tok)
+  with pytest.raises(bad_records.BadRecordError, match='dirty.array_record'):
     for step in range(4):
       ds[step]
 
@@ -486,8 +493,8 @@ def test_bad_record_stats_from_worker_process(dirty_shards, tok):
   from absl import flags  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags
-  raw = records.ArrayRecordSource(str(dirty_shards / '*.array_record'))
-  src = records.CheckedSource(raw, max_bad_fraction=0.25, warmup=0)
+  raw = record_sources.ArrayRecordSource(str(dirty_shards / '*.array_record'))
+  src = bad_records.CheckedSource(raw, max_bad_fraction=0.25, warmup=0)
   ds = _train_ds(src, tok)
   it = pipeline.iterate_from(ds, 0, num_workers=1, prefetch=2)
   got = [next(it) for _ in range(4)]  # one epoch, read in the worker
@@ -540,7 +547,8 @@ def test_tfds_sources_mocked(monkeypatch, digit_data, photos):
   assert src[2]['caption'] == 'a photo'  # blank caption replaced by record 0
   assert src.stats()['by_reason'] == {'empty_caption': 1}
   assert corpus() == ['a photo', 'an array image']
-  nested = records.tfds_source('coco', 'val', caption_key='captions/text')
+  nested = record_sources.tfds_source('coco', 'val',
+                                      caption_key='captions/text')
   assert nested[0]['captions'] == ['one', 'two']
   zs = eval_data.zero_shot_tfds('cifar10')
   assert zs.labels.tolist() == [i % 10 for i in range(12)]
@@ -694,7 +702,7 @@ def test_zero_shot_folder(tmp_path, digit_data):
   assert [b[0].shape[0] for b in batches] == [4, 4, 1]
   np.testing.assert_array_equal(
       batches[0][0][0],
-      transforms.eval_view(records.decode_image(digit_data[2][0]), 20))
+      transforms.eval_view(image_decode.decode_rgb(digit_data[2][0]), 20))
   named = eval_data.zero_shot_folder(str(tmp_path),
                                      class_names={'cat': 'kitten', 'dog': 'pup',
                                                   'sea_lion': 'seal'})
@@ -704,12 +712,12 @@ def test_zero_shot_folder(tmp_path, digit_data):
 
 def test_jpeg_draft_decode_keeps_every_training_crop_large_enough(photos):
   size, scale, ratio = 224, (0.8, 1.0), (3 / 4, 4 / 3)
-  need = records.train_min_pixels(size, scale, ratio)
+  need = image_decode.train_min_pixels(size, scale, ratio)
   assert need == int(np.ceil(224**2 / (0.8 * 0.75)))
   big = np.asarray(Image.fromarray(photos[0]).resize((800, 600),
                                                      Image.BICUBIC))
-  full = records.decode_image(_jpeg(big))
-  half = records.decode_image(_jpeg(big), need)
+  full = image_decode.decode_rgb(_jpeg(big))
+  half = image_decode.decode_rgb(_jpeg(big), need)
   assert full.shape == (600, 800, 3) and half.shape == (300, 400, 3)
   # The DCT-domain half-size decode is the full decode, shrunk.
   shrunk = np.asarray(Image.fromarray(full).resize((400, 300), Image.BOX),
@@ -717,10 +725,10 @@ def test_jpeg_draft_decode_keeps_every_training_crop_large_enough(photos):
   assert np.abs(half - shrunk).mean() < 3.0
   # Smaller JPEGs (and PNGs, arrays) are decoded at full size.
   small = big[:375, :500]
-  assert records.decode_image(_jpeg(small), need).shape == (375, 500, 3)
+  assert image_decode.decode_rgb(_jpeg(small), need).shape == (375, 500, 3)
   png = io.BytesIO()
   Image.fromarray(big).save(png, 'PNG')
-  assert records.decode_image(png.getvalue(), need).shape == (600, 800, 3)
+  assert image_decode.decode_rgb(png.getvalue(), need).shape == (600, 800, 3)
   # Every crop the training transform draws on the reduced image is at
   # least `size` on each side (sampled, independently of the formula).
   rng = np.random.default_rng(0)
@@ -729,8 +737,8 @@ def test_jpeg_draft_decode_keeps_every_training_crop_large_enough(photos):
       for _ in range(3000))]
   assert min(sides) >= size - 1  # integer rounding of the box
   # CheckedSource decodes with it.
-  src = records.CheckedSource([{'image': _jpeg(big), 'caption': 'x'}],
-                              min_pixels=need)
+  src = bad_records.CheckedSource([{'image': _jpeg(big), 'caption': 'x'}],
+                                  min_pixels=need)
   assert src[0]['image'].shape == (300, 400, 3)
 
 

@@ -351,7 +351,8 @@ def _openai_mean_std():
 
 def _release_reference(model, family, tok_dir, images, texts):
   """What the release computes: open_clip's HFTokenizer(clean='canonicalize')
-  and eval image transform, then the PyTorch reference model."""
+  and eval image transform (arrays as RGB PIL images, PIL images as they
+  are), then the PyTorch reference model."""
   import torch  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
   open_clip = pytest.importorskip('open_clip')
@@ -363,7 +364,8 @@ def _release_reference(model, family, tok_dir, images, texts):
   mean, std = _openai_mean_std()
   tf = open_clip.transform.image_transform(size, is_train=False,
                                            mean=mean, std=std)
-  pixels = torch.stack([tf(Image.fromarray(x)) for x in images])
+  pixels = torch.stack([tf(x if isinstance(x, Image.Image)
+                           else Image.fromarray(x)) for x in images])
   with torch.no_grad():
     img = [t.numpy() for t in model.encode_image(pixels)]
     txt = [t.numpy() for t in model.encode_text(tokens)]
@@ -409,6 +411,113 @@ def test_release_snapshot_parity(family, tmp_path, tok_dir, offline):
                                rtol=1e-4)
 
 
+# ----------------------------------------------------------------------------
+# The release's image order: resized and cropped in the stored mode, RGB last
+
+
+MODES = ('1', 'P', 'LA', 'CMYK', 'RGB', 'L', 'RGBA')
+
+
+def _mode_file(mode, w, h, seed=0):
+  """A ``w`` x ``h`` image encoded in PIL ``mode`` (PNG; CMYK as a JPEG, as
+  such files occur in ImageNet): colour ramps plus noise and, for LA/RGBA,
+  a random alpha, so that resampling in the stored mode shows."""
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  yy, xx = np.mgrid[0:h, 0:w]
+  ramps = np.stack([xx * 255 // (w - 1), yy * 255 // (h - 1),
+                    (xx + yy) * 255 // (w + h - 2)], -1)
+  rgb = np.clip(ramps + rng.integers(-60, 61, ramps.shape), 0, 255)
+  img = Image.fromarray(rgb.astype(np.uint8))
+  alpha = Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8))
+  if mode == 'P':
+    img = img.quantize(48)
+  elif mode in ('LA', 'RGBA'):
+    img = img.convert(mode[:-1])
+    img.putalpha(alpha)
+  else:
+    img = img.convert(mode)  # '1' dithers
+  buf = io.BytesIO()
+  img.save(buf, 'JPEG' if mode == 'CMYK' else 'PNG', quality=95)
+  with Image.open(io.BytesIO(buf.getvalue())) as check:
+    assert check.mode == mode
+  return buf.getvalue()
+
+
+def _open_clip_pixels(size, pil_images):
+  """uint8 ``(n, size, size, 3)`` from open_clip's own eval transform (the
+  release's: torchvision Resize, CenterCrop, convert('RGB'), ToTensor),
+  normalised with mean 0 and std 1 so the pixels come back exactly."""
+  open_clip = pytest.importorskip('open_clip')
+  tf = open_clip.transform.image_transform(size, is_train=False,
+                                           mean=(0.0,) * 3, std=(1.0,) * 3)
+  return np.stack([np.rint(tf(img).numpy().transpose(1, 2, 0) * 255)
+                   .astype(np.uint8) for img in pil_images])
+
+
+@pytest.mark.parametrize('size,w,h', [(32, 77, 51), (32, 45, 97),
+                                      (224, 301, 227), (224, 151, 233)])
+def test_release_image_order_gives_open_clip_pixels(size, w, h, tmp_path):
+  """Files, bytes and PIL images of every common mode, in the release's
+  order, give exactly the pixels of open_clip's eval transform; the RGB-first
+  order (our models') agrees only where the mode does not matter."""
+  pytest.importorskip('torch')
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from prolip_jax.embedding import as_uint8_image  # pylint: disable=g-import-not-at-top
+  files = {m: _mode_file(m, w, h, seed=i) for i, m in enumerate(MODES)}
+  want = dict(zip(MODES, _open_clip_pixels(
+      size, [Image.open(io.BytesIO(files[m])) for m in MODES])))
+  for mode, data in files.items():
+    path = tmp_path / f'{mode}.img'
+    path.write_bytes(data)
+    inputs = [data, as_uint8_image(str(path), keep_mode=True),
+              as_uint8_image(Image.open(str(path)), keep_mode=True)]
+    got = pipeline.eval_images(inputs, size, 'release', 'release')
+    for g in got:
+      np.testing.assert_array_equal(g, want[mode], err_msg=mode)
+    rgb_first = pipeline.eval_images([data], size, 'release', 'rgb_first')[0]
+    diff = np.abs(rgb_first.astype(int) - want[mode]).max()
+    if mode in ('RGB', 'L'):
+      assert diff == 0, mode
+    elif mode in ('1', 'P', 'LA', 'RGBA'):
+      assert diff > 0, mode  # the order matters for these (CMYK: may not)
+  # An evaluation set of those files, batched in the release's order.
+  from prolip_jax.data import eval_data  # pylint: disable=g-import-not-at-top
+  zs = eval_data.ZeroShotDataset([str(tmp_path / f'{m}.img') for m in MODES],
+                                 np.zeros(len(MODES)), ('x',), ('{}',))
+  (views, _), = zs.batches(len(MODES), size, view='release', order='release')
+  np.testing.assert_array_equal(views, np.stack([want[m] for m in MODES]))
+
+
+def test_release_snapshot_scores_mode_files_as_the_release(tmp_path, tok_dir,
+                                                            offline):
+  """load(release snapshot).encode_image(paths) == the release pipeline
+  (open_clip transform + reference model) on 1-bit, palette, LA, CMYK, RGB,
+  L and RGBA files; converting to RGB first would not be."""
+  pytest.importorskip('torch')
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  import prolip_jax  # pylint: disable=g-import-not-at-top
+  ref_model = _write_snapshot(str(tmp_path / 'snap'), 'B-16', seed=3)
+  model = prolip_jax.load(str(tmp_path / 'snap'))
+  assert model.image_order == 'release'
+  paths = []
+  for i, mode in enumerate(MODES):
+    paths.append(str(tmp_path / f'{i}.img'))
+    with open(paths[-1], 'wb') as f:
+      f.write(_mode_file(mode, 53 + 6 * i, 71 - 4 * i, seed=i))
+  _, (r_mu, r_lv), _ = _release_reference(
+      ref_model, 'B-16', tok_dir, [Image.open(p) for p in paths], TEXTS[:1])
+  mu, lv = model.encode_image(paths)
+  np.testing.assert_allclose(mu, r_mu, atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(lv, r_lv, atol=2e-5, rtol=1e-5)
+  model.image_order = 'rgb_first'
+  mu_rgb, _ = model.encode_image(paths)
+  assert np.abs(mu_rgb[0] - r_mu[0]).max() > 1e-3  # the 1-bit file
+
+
 def test_release_preset_settings(tmp_path, offline, tok_dir):
   pytest.importorskip('torch')
   from prolip_jax import hub  # pylint: disable=g-import-not-at-top
@@ -416,8 +525,8 @@ def test_release_preset_settings(tmp_path, offline, tok_dir):
   _write_snapshot(str(snap), 'B-16')
   s = hub.snapshot_settings(hub.resolve(str(snap)))
   assert s.release and s.model['release_compat']
-  assert (s.clean, s.keep_eos, s.image_view) == ('canonicalize', True,
-                                                 'release')
+  assert (s.clean, s.keep_eos, s.image_view, s.image_order) == (
+      'canonicalize', True, 'release', 'release')
   assert s.context_length == 16 and s.model['text']['pad_id'] == 1
   assert s.pad_id == 1  # '</s>', the tokenizer's pad token (SigLIP's)
   # [MASK]: the highest <extra_id_N>, the first id after the pieces (32000
@@ -443,7 +552,7 @@ def test_hf_hub_from_offline_cache_and_errors(tmp_path, offline, tok_dir):
   b = prolip_jax.load(str(src))
   for x, y in zip(a.encode_text(TEXTS), b.encode_text(TEXTS)):
     np.testing.assert_array_equal(x, y)
-  assert a.image_view == 'release'
+  assert a.image_view == 'release' and a.image_order == 'release'
 
   with pytest.raises(hub.SnapshotError, match='not in the cache.*HF_HUB_OFFLINE'
                      ) as e:
@@ -525,6 +634,7 @@ def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
   after = prolip_jax.load(str(out))
   assert after.image_view == 'release' and after.tokenizer.clean == (
       'canonicalize')
+  assert after.image_order == 'release' == prolip_jax.load(workdir).image_order
   np.testing.assert_array_equal(after.tokenizer(TEXTS),
                                 before.tokenizer(TEXTS))
   images = _images(1)
@@ -559,4 +669,5 @@ def test_existing_configs_keep_the_old_text_and_image_path():
   for name in names:
     c = presets.load_config_file(os.path.join(ROOT, 'configs', name))
     assert (c.tokenizer.clean, c.tokenizer.keep_eos, c.data.eval_view,
-            c.init_from) == ('none', False, 'default', ''), name
+            c.data.eval_image_order, c.init_from) == (
+                'none', False, 'default', 'rgb_first', ''), name

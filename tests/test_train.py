@@ -208,7 +208,7 @@ def _digit_shards(directory, n_good=48, corrupt_every=4):
   """Two array_record shards of bundled digits; ``dirty`` has truncated JPEGs."""
   import io  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import digits, records  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import digits, record_format  # pylint: disable=g-import-not-at-top
   images, labels = digits.split('train')
   caps = digits.captions_for(images[:2 * n_good], labels[:2 * n_good])
 
@@ -218,19 +218,21 @@ def _digit_shards(directory, n_good=48, corrupt_every=4):
     return buf.getvalue()
 
   for name, offset in (('clean', 0), ('dirty', n_good)):
-    w = records.ShardWriter(os.path.join(directory, name + '.array_record'))
+    w = record_format.ShardWriter(
+        os.path.join(directory, name + '.array_record'))
     for i in range(offset, offset + n_good):
       data = jpeg(i)
       if name == 'dirty' and i % corrupt_every == 0:
         data = data[:len(data) // 3]
-      w.write(records.serialize_example(data, caps[i][-1], f'{name}{i}'))
+      w.write(record_format.serialize_example(data, caps[i][-1],
+                                              f'{name}{i}'))
     w.close()
   return os.path.join(directory, '*.array_record')
 
 
 @pytest.mark.slow
 def test_array_record_training_counts_and_stops_on_bad_records(tmp_path):
-  from prolip_jax.data import records  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import bad_records  # pylint: disable=g-import-not-at-top
   os.makedirs(tmp_path / 'shards')
   pattern = _digit_shards(str(tmp_path / 'shards'))
   cfg = micro_config(total_steps=2)
@@ -246,7 +248,7 @@ def test_array_record_training_counts_and_stops_on_bad_records(tmp_path):
   # 12 of 96 records are corrupt: 1% is far too many; the error names the
   # shard, and the run's progress so far is checkpointed.
   cfg.data.max_bad_fraction = 0.01
-  with pytest.raises(records.BadRecordError, match='dirty.array_record'):
+  with pytest.raises(bad_records.BadRecordError, match='dirty.array_record'):
     train.train_and_evaluate(cfg, str(tmp_path / 'stop'))
   assert checkpoint.latest_step(str(tmp_path / 'stop')) in (0, 1)
 

@@ -36,7 +36,7 @@ from prolip_jax import errors
 from prolip_jax import presets
 from prolip_jax import train
 from prolip_jax.data import converters
-from prolip_jax.data import records
+from prolip_jax.data import record_sources
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import file_sha256
 from prolip_jax.data.tokenizer import train_tokenizer
@@ -433,12 +433,12 @@ def test_readers_warn_about_an_unfinished_conversion(tmp_path, capfd):
   converters.convert_folder(str(images), str(tmp_path / 'caps.jsonl'),
                             str(out), shard_size=2)
   capfd.readouterr()
-  assert len(records.ArrayRecordSource(str(out))) == 4
+  assert len(record_sources.ArrayRecordSource(str(out))) == 4
   assert 'warning' not in capfd.readouterr().err
   # Killed before the summary (and the last shard's marker) were written.
   os.remove(out / 'summary.json')
   os.remove(out / '00001.array_record.done')
-  assert len(records.ArrayRecordSource(str(out))) == 4
+  assert len(record_sources.ArrayRecordSource(str(out))) == 4
   err = capfd.readouterr().err
   assert err.count('warning: ') == 1
   assert str(out) in err and 'did not finish' in err

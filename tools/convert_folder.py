@@ -8,7 +8,7 @@ Captions: CSV (header with an ``image``/``filepath``/``file`` column and a
 "caption": "..."}`` or ``{"image": ..., "captions": [...]}``); image paths
 are relative to ``--images``. One record per (image, caption), keyed by the
 image path, in ``OUT_DIR/00000.array_record``, ``00001...`` of
-``--shard_size`` records (format in ``prolip_jax/data/records.py``). Image
+``--shard_size`` records (format in ``prolip_jax/data/record_format.py``). Image
 bytes are stored unchanged. Undecodable or missing images, blank captions
 and records over ``--max_record_bytes`` are skipped and counted; the totals
 are printed and written to ``OUT_DIR/summary.json``.

@@ -6,7 +6,7 @@ python tools/convert_webdataset.py --input 'DIR/{00000..00099}.tar' \
 Each example of a tar is its files sharing a key (``KEY.jpg`` + ``KEY.txt``,
 or ``KEY.json`` with a ``"caption"`` field; ``.jpeg/.png/.webp`` images work
 too). Every input shard becomes ``OUT_DIR/NAME.array_record`` (record format
-in ``prolip_jax/data/records.py``) plus a ``.done`` marker holding its
+in ``prolip_jax/data/record_format.py``) plus a ``.done`` marker holding its
 summary; a re-run skips shards that have both, so an interrupted conversion
 resumes. The input pattern's braces are expanded here (quote it), globs work
 too. Undecodable images, missing/blank captions and records over

@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from prolip_jax import errors
-from prolip_jax.data import records
+from prolip_jax.data import record_format
+from prolip_jax.data import record_sources
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
 
@@ -32,8 +33,8 @@ class _ShardCaptions:
   def __init__(self, pattern: str):
     from array_record.python import array_record_module
     self._mod = array_record_module
-    self.paths = records.expand_paths(pattern)
-    self.sizes = [records.num_records(p) for p in self.paths]
+    self.paths = record_sources.expand_paths(pattern)
+    self.sizes = [record_format.num_records(p) for p in self.paths]
     self._readers = {}
 
   def __len__(self):
@@ -44,7 +45,7 @@ class _ShardCaptions:
       if index < n:
         if path not in self._readers:
           self._readers[path] = self._mod.ArrayRecordReader(path)
-        return records.parse_example(self._readers[path].read([index])[0])
+        return record_format.parse_example(self._readers[path].read([index])[0])
       index -= n
     raise IndexError(index)
 
@@ -59,7 +60,7 @@ def main(argv=None) -> str:
   args = parser.parse_args(argv)
   t0 = time.time()
   source = _ShardCaptions(args.input)
-  corpus = records.caption_corpus(source, args.max_sentences)
+  corpus = record_sources.caption_corpus(source, args.max_sentences)
   if not corpus:
     raise errors.UserError(f'no captions found in {args.input}')
   print(f'{len(corpus)} captions from {len(source)} records in '

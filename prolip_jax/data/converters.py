@@ -1,4 +1,4 @@
-"""Converters to array_record shards (format in ``records``).
+"""Converters to array_record shards (format in ``record_format``).
 
 * ``convert_webdataset``: webdataset / img2dataset tar shards, one output
   shard per input shard, streamed, parallel over shards, resumable.
@@ -6,7 +6,7 @@
 
 Bad inputs never stop a conversion: an undecodable image, a missing or blank
 caption, a caption that is not UTF-8 text, or a record above
-``max_record_bytes`` is skipped and counted by reason (``records.REASONS``).
+``max_record_bytes`` is skipped and counted by reason (``bad_records.REASONS``).
 Both return (and write to ``OUT_DIR/summary.json``) a summary::
 
   {"records_written": int, "examples_seen": int, "skipped_total": int,
@@ -29,11 +29,13 @@ import tarfile
 from typing import Iterator, Optional, Sequence
 
 from prolip_jax import errors as user_errors
-from prolip_jax.data import records
+from prolip_jax.data import bad_records
+from prolip_jax.data import record_format
+from prolip_jax.data import record_sources
 
 DEFAULT_MAX_RECORD_BYTES = 8 << 20
 IMAGE_EXTS = ('jpg', 'jpeg', 'png', 'webp')
-SUMMARY_FILE = records.SUMMARY_FILE
+SUMMARY_FILE = record_format.SUMMARY_FILE
 _EXAMPLES_PER_REASON = 5
 
 
@@ -54,8 +56,9 @@ class _Counts:
 
   def as_dict(self, **extra) -> dict:
     return dict(extra, records_written=self.written, examples_seen=self.seen,
-                skipped={r: self.skipped.get(r, 0) for r in records.REASONS
-                         if r != records.UNREADABLE},
+                skipped={r: self.skipped.get(r, 0)
+                         for r in bad_records.REASONS
+                         if r != bad_records.UNREADABLE},
                 skipped_total=sum(self.skipped.values()),
                 skipped_examples=dict(self.examples), errors=self.errors)
 
@@ -70,17 +73,17 @@ def make_record(key: str, image: Optional[bytes], caption: Optional[str],
   decoded once. Checks run cheapest first; the first failing one is the
   reason."""
   if image is None:
-    return None, records.MISSING_IMAGE
+    return None, bad_records.MISSING_IMAGE
   if caption is None:
-    return None, records.MISSING_CAPTION
+    return None, bad_records.MISSING_CAPTION
   caption = caption.strip()
   if not caption:
-    return None, records.EMPTY_CAPTION
-  data = records.serialize_example(image, caption, key)
+    return None, bad_records.EMPTY_CAPTION
+  data = record_format.serialize_example(image, caption, key)
   if len(data) > max_record_bytes:
-    return None, records.TOO_LONG
+    return None, bad_records.TOO_LONG
   reason = image_reason if image_reason is not None else (
-      records.check_image_bytes(image))
+      bad_records.check_image_bytes(image))
   if reason:
     return None, reason
   return data, None
@@ -109,8 +112,8 @@ def merge_summaries(shards: dict[str, dict], **extra) -> dict:
       extra,
       records_written=sum(s['records_written'] for s in shards.values()),
       examples_seen=sum(s['examples_seen'] for s in shards.values()),
-      skipped={r: skipped.get(r, 0) for r in records.REASONS
-               if r != records.UNREADABLE},
+      skipped={r: skipped.get(r, 0) for r in bad_records.REASONS
+               if r != bad_records.UNREADABLE},
       skipped_total=sum(skipped.values()), skipped_examples=examples,
       errors=errors, shards=shards)
 
@@ -164,16 +167,16 @@ def _caption_from(files: dict[str, bytes]) -> tuple[Optional[str],
     try:
       return files['txt'].decode('utf-8'), None
     except UnicodeDecodeError:
-      return None, records.BAD_CAPTION
+      return None, bad_records.BAD_CAPTION
   if 'json' in files:
     try:
       meta = json.loads(files['json'])
     except ValueError:
-      return None, records.BAD_CAPTION
+      return None, bad_records.BAD_CAPTION
     if not isinstance(meta, dict) or meta.get('caption') is None:
       return None, None
     if not isinstance(meta['caption'], str):
-      return None, records.BAD_CAPTION
+      return None, bad_records.BAD_CAPTION
     return meta['caption'], None
   return None, None
 
@@ -182,7 +185,7 @@ def convert_tar(tar_path: str, out_path: str,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
   """One webdataset tar -> one array_record shard plus its ``.done``."""
   counts = _Counts()
-  writer = records.ShardWriter(out_path)
+  writer = record_format.ShardWriter(out_path)
   try:
     for key, files in iter_tar_groups(tar_path, counts.errors):
       counts.seen += 1
@@ -202,7 +205,7 @@ def convert_tar(tar_path: str, out_path: str,
     raise
   writer.close()
   summary = counts.as_dict(input=tar_path, output=out_path)
-  records.write_done_marker(out_path, summary)
+  record_format.write_done_marker(out_path, summary)
   return summary
 
 
@@ -224,7 +227,7 @@ def output_name(tar_path: str) -> str:
     if base.endswith(ext):
       base = base[:-len(ext)]
       break
-  return base + records.SUFFIX
+  return base + record_format.SUFFIX
 
 
 def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
@@ -243,7 +246,7 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   for pattern in inputs:
     if os.path.isdir(pattern):
       pattern = os.path.join(pattern, '*.tar')
-    tars.extend(records.expand_paths(pattern))
+    tars.extend(record_sources.expand_paths(pattern))
   names = [output_name(t) for t in tars]
   dup = [n for n, c in collections.Counter(names).items() if c > 1]
   if dup:
@@ -254,7 +257,7 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   todo = []
   for tar_path, name in zip(tars, names):
     out = os.path.join(output_dir, name)
-    done = records.read_done_marker(out)
+    done = record_format.read_done_marker(out)
     if done is not None:
       shards[name] = dict(done, resumed=True)
     else:
@@ -340,7 +343,7 @@ def read_captions_file(path: str, counts: _Counts
           raise ValueError('not an object')
       except ValueError:
         counts.seen += 1
-        counts.skip(records.BAD_CAPTION, f'{path}:{lineno}')
+        counts.skip(bad_records.BAD_CAPTION, f'{path}:{lineno}')
         continue
       image = _pick(obj, IMAGE_COLUMNS, 'image', path)
       caps = obj.get('captions', obj.get('caption', obj.get('text')))
@@ -354,9 +357,9 @@ def read_captions_file(path: str, counts: _Counts
         yield image, [None]
 
 
-def _numbered_writer(output_dir: str, index: int) -> records.ShardWriter:
-  return records.ShardWriter(os.path.join(output_dir,
-                                          f'{index:05d}{records.SUFFIX}'))
+def _numbered_writer(output_dir: str, index: int) -> record_format.ShardWriter:
+  return record_format.ShardWriter(
+      os.path.join(output_dir, f'{index:05d}{record_format.SUFFIX}'))
 
 
 def convert_folder(images_dir: str, captions_path: str, output_dir: str,
@@ -382,7 +385,7 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
       writer.close()
       name = os.path.basename(writer.path)
       shards[name] = {'records_written': writer.count}
-      records.write_done_marker(writer.path, shards[name])
+      record_format.write_done_marker(writer.path, shards[name])
       writer, shard_index = None, shard_index + 1
 
   try:
@@ -402,13 +405,13 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
       for caption in captions:
         counts.seen += 1
         if caption is not None and not isinstance(caption, str):
-          counts.skip(records.BAD_CAPTION, rel)
+          counts.skip(bad_records.BAD_CAPTION, rel)
           continue
         data, reason = make_record(rel, image, caption, max_record_bytes,
                                    image_reason)
         if reason:
           counts.skip(reason, rel)
-          if reason in (records.CORRUPT_IMAGE, records.MISSING_IMAGE):
+          if reason in (bad_records.CORRUPT_IMAGE, bad_records.MISSING_IMAGE):
             image_reason = reason
           continue
         image_reason = image_reason or ''  # decoded fine once: trust it

@@ -32,7 +32,9 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from prolip_jax.data import records
+from prolip_jax.data import image_decode
+from prolip_jax.data import record_format
+from prolip_jax.data import record_sources
 from prolip_jax.data import transforms
 
 ASSETS = ('imagenet', 'cifar10', 'cifar100')
@@ -64,13 +66,19 @@ def load_image(image: Any) -> np.ndarray:
   if isinstance(image, (str, os.PathLike)):
     with open(image, 'rb') as f:
       image = f.read()
-  return records.decode_image(image)
+  return image_decode.decode_rgb(image)
 
 
 def _eval_batches(get_image, n: int, batch_size: int, image_size: int,
-                  num_threads: int) -> Iterator[tuple[np.ndarray, slice]]:
+                  num_threads: int, view: str, order: str
+                  ) -> Iterator[tuple[np.ndarray, slice]]:
+  fn = transforms.EVAL_VIEWS[view]
+  decode = (image_decode.decode_keeping_mode
+            if image_decode.check_order(order) == image_decode.RELEASE
+            else load_image)
+
   def load(i):
-    return transforms.eval_view(load_image(get_image(i)), image_size)
+    return fn(decode(get_image(i)), image_size)
   with concurrent.futures.ThreadPoolExecutor(max(1, num_threads)) as pool:
     for start in range(0, n, batch_size):
       idx = range(start, min(n, start + batch_size))
@@ -117,12 +125,16 @@ class ZeroShotDataset:
   def image(self, i: int) -> np.ndarray:
     return load_image(self.images[i])
 
-  def batches(self, batch_size: int, image_size: int, num_threads: int = 8
+  def batches(self, batch_size: int, image_size: int, num_threads: int = 8,
+              view: str = 'default', order: str = 'rgb_first'
               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(images (b, s, s, 3) uint8 eval views, labels (b,))`` in order; the
-    last batch may be smaller."""
+    last batch may be smaller. ``view`` / ``order``: the eval transform, as
+    in ``pipeline.eval_images`` (a model's ``image_view`` /
+    ``image_order``)."""
     for imgs, sl in _eval_batches(lambda i: self.images[i], len(self),
-                                  batch_size, image_size, num_threads):
+                                  batch_size, image_size, num_threads, view,
+                                  order):
       yield imgs, self.labels[sl]
 
 
@@ -157,7 +169,8 @@ def zero_shot_tfds(name: str, split: Optional[str] = None,
                      f'class_names and templates (bundled: '
                      f'{sorted(TFDS_DATASETS)})')
   meta = metadata(asset) if asset else {}
-  ds = records.open_tfds(name, split or default_split, data_dir, image_key)
+  ds = record_sources.open_tfds(name, split or default_split, data_dir,
+                                image_key)
   labels = np.array([int(ds[i][label_key]) for i in range(len(ds))], np.int32)
   return ZeroShotDataset(
       _FieldView(ds, image_key), labels,
@@ -224,11 +237,14 @@ class RetrievalDataset:
   def captions_of(self, i: int) -> list[str]:
     return [c for c, j in zip(self.captions, self.image_of_text) if j == i]
 
-  def batches(self, batch_size: int, image_size: int, num_threads: int = 8
+  def batches(self, batch_size: int, image_size: int, num_threads: int = 8,
+              view: str = 'default', order: str = 'rgb_first'
               ) -> Iterator[np.ndarray]:
-    """Eval views ``(b, s, s, 3)`` uint8 of the images, in order."""
+    """Eval views ``(b, s, s, 3)`` uint8 of the images, in order (``view`` /
+    ``order``: as ``ZeroShotDataset.batches``)."""
     for imgs, _ in _eval_batches(lambda i: self.images[i], len(self),
-                                 batch_size, image_size, num_threads):
+                                 batch_size, image_size, num_threads, view,
+                                 order):
       yield imgs
 
 
@@ -252,8 +268,8 @@ def retrieval_array_record(paths_or_glob: str | Sequence[str]
                            ) -> RetrievalDataset:
   """Retrieval set from array_record shards: records sharing ``key`` are one
   image (its bytes taken from the first such record) and its captions."""
-  src = records.ArrayRecordSource(paths_or_glob)
-  return _group((r['key'], r['image'], records.record_captions(r))
+  src = record_sources.ArrayRecordSource(paths_or_glob)
+  return _group((r['key'], r['image'], record_format.record_captions(r))
                 for r in (src[i] for i in range(len(src))))
 
 

@@ -27,7 +27,7 @@ import grain
 import numpy as np
 
 from prolip_jax.data import pipeline
-from prolip_jax.data import records
+from prolip_jax.data import image_decode
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 
@@ -211,7 +211,7 @@ class _PairBuilder:
     # whole image, and a random crop can move or rescale the digit (changing
     # its true position/width relative to the text).
     view = lambda k: transforms.eval_view(
-        records.decode_image(self.source[k]['image']), self.image_size)
+        image_decode.decode_rgb(self.source[k]['image']), self.image_size)
     return {'pair_image_i': view(i), 'pair_image_j': view(j),
             'pair_tokens': self.tokenizer(text)[0]}
 

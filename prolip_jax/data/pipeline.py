@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional, Sequence
 import grain
 import numpy as np
 
-from prolip_jax.data import records
+from prolip_jax.data import image_decode
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 
@@ -47,7 +47,7 @@ class TrainTransform(grain.transforms.RandomMap):
     self.num_views = num_views
 
   def random_map(self, element, rng: np.random.Generator):
-    image = records.decode_image(element['image'])
+    image = image_decode.decode_rgb(element['image'])
     # Views draw from the one per-element RNG in turn, then the caption: for
     # V = 1 the draws (and the output) are exactly the single-view ones.
     views = [transforms.train_view_and_order(image, self.image_size, rng,
@@ -112,11 +112,20 @@ def iterate_from(ds: grain.MapDataset, start_step: int, num_workers: int = 0,
 
 
 def eval_images(images: Sequence[Any], image_size: int,
-                view: str = 'default') -> np.ndarray:
+                view: str = 'default',
+                order: str = image_decode.RGB_FIRST) -> np.ndarray:
   """Eval transform of a list of images -> ``(n, s, s, 3)`` uint8.
 
   ``view``: 'default' (``transforms.eval_view``) or 'release' (open_clip's
   torchvision resize + centre crop, ``transforms.release_eval_view``).
+  ``order``: 'rgb_first' converts every image to RGB before resizing (our
+  models' eval transform); 'release' resizes and crops encoded bytes, file
+  paths and PIL images in the mode they were stored in and converts to RGB
+  after the crop, as open_clip does (``image_decode``). Arrays are RGB
+  pixels in both orders.
   """
   fn = transforms.EVAL_VIEWS[view]
-  return np.stack([fn(records.decode_image(x), image_size) for x in images])
+  decode = (image_decode.decode_keeping_mode
+            if image_decode.check_order(order) == image_decode.RELEASE
+            else image_decode.decode_rgb)
+  return np.stack([fn(decode(x), image_size) for x in images])

@@ -16,7 +16,7 @@ optional caption corpus for training a tokenizer when none is configured.
   and ``data.tfds_caption_key`` (needs ``pip install tensorflow-datasets``
   and the dataset prepared in array_record format).
 
-The real-data sources come wrapped in ``records.CheckedSource``: bad records
+The real-data sources come wrapped in ``bad_records.CheckedSource``: bad records
 are replaced deterministically and counted (``bad_record_stats``), and more
 than ``data.max_bad_fraction`` of them (after ``data.bad_record_warmup``
 reads) stops training with an error naming the shard.
@@ -29,7 +29,9 @@ from typing import Any, Callable, Optional, Sequence
 from prolip_jax import config_keys
 from prolip_jax.data import digits
 from prolip_jax.data import emoji
-from prolip_jax.data import records
+from prolip_jax.data import bad_records
+from prolip_jax.data import image_decode
+from prolip_jax.data import record_sources
 from prolip_jax.data import transforms
 
 SOURCES = ('digits', 'emoji', 'array_record', 'tfds')
@@ -40,17 +42,17 @@ def _get(data, name: str):
   return data.get(name, config_keys.default(f'data.{name}'))
 
 
-def _checked(source, config) -> records.CheckedSource:
+def _checked(source, config) -> bad_records.CheckedSource:
   data = config.data
   # Decode JPEGs no larger than every training crop needs (see
-  # records.train_min_pixels): the crop is then drawn on the smaller image.
+  # image_decode.train_min_pixels): the crop is then drawn on the smaller image.
   # A config without the image size (a data-only config) decodes in full.
   image_size = config.get('model', {}).get('vision', {}).get('image_size')
   defaults = transforms.AugmentConfig()
-  min_pixels = records.train_min_pixels(
+  min_pixels = image_decode.train_min_pixels(
       image_size, tuple(_get(data, 'crop_scale')),
       defaults.crop_ratio) if image_size else 0
-  return records.CheckedSource(
+  return bad_records.CheckedSource(
       source, max_bad_fraction=float(_get(data, 'max_bad_fraction')),
       warmup=int(_get(data, 'bad_record_warmup')), min_pixels=min_pixels)
 
@@ -70,20 +72,20 @@ def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
     if not path:
       raise ValueError("data.name='array_record' needs data.path (a glob of "
                        '.array_record shards)')
-    raw = records.ArrayRecordSource(path)
+    raw = record_sources.ArrayRecordSource(path)
   elif data.name == 'tfds':
     name = _get(data, 'tfds_name')
     if not name:
       raise ValueError("data.name='tfds' needs data.tfds_name")
-    raw = records.tfds_source(
+    raw = record_sources.tfds_source(
         name, split=_get(data, 'tfds_split'),
         data_dir=_get(data, 'tfds_data_dir') or None,
         image_key=_get(data, 'tfds_image_key'),
         caption_key=_get(data, 'tfds_caption_key'))
   else:
     raise ValueError(f'unknown data.name {data.name!r}; have {SOURCES}')
-  return _checked(raw, config), lambda: records.caption_corpus(raw,
-                                                             max_sentences)
+  return _checked(raw, config), lambda: record_sources.caption_corpus(
+      raw, max_sentences)
 
 
 def bad_record_stats(source: Any) -> Optional[dict]:

@@ -42,12 +42,22 @@ def identity_aug_vector() -> np.ndarray:
   return v
 
 
-def _to_pil(image: np.ndarray) -> Image.Image:
+def _to_pil(image) -> Image.Image:
+  """A PIL image as it is (any mode); an array as an RGB image."""
+  if isinstance(image, Image.Image):
+    return image
   if image.ndim == 2:
     image = np.repeat(image[..., None], 3, -1)
   if image.shape[-1] == 1:
     image = np.repeat(image, 3, -1)
   return Image.fromarray(np.asarray(image, np.uint8)[..., :3])
+
+
+def _rgb_array(img: Image.Image) -> np.ndarray:
+  """(h, w, 3) uint8; a PIL image in another mode is converted last, as
+  open_clip's transform does (``convert('RGB')`` after the crop)."""
+  return np.asarray(img if img.mode == 'RGB' else img.convert('RGB'),
+                    np.uint8)
 
 
 def random_resized_crop_box(rng: np.random.Generator, width: int, height: int,
@@ -129,24 +139,32 @@ def train_view_and_order(image: np.ndarray, size: int,
   return np.asarray(img, np.uint8), aug, order
 
 
-def eval_view(image: np.ndarray, size: int) -> np.ndarray:
-  """Resize the shorter side to ``size`` and centre-crop, ``(size, size, 3)``."""
+def eval_view(image, size: int) -> np.ndarray:
+  """Resize the shorter side to ``size`` and centre-crop, ``(size, size, 3)``.
+
+  ``image``: an ``(h, w, 3)`` uint8 array, or a PIL image in any mode
+  (resized and cropped in that mode, converted to RGB last: see
+  ``pipeline.eval_images``'s ``order``).
+  """
   img = _to_pil(image)
   scale = size / min(img.width, img.height)
   w = max(size, int(round(img.width * scale)))
   h = max(size, int(round(img.height * scale)))
   img = img.resize((w, h), Image.BICUBIC)
   left, top = (w - size) // 2, (h - size) // 2
-  return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8)
+  return _rgb_array(img.crop((left, top, left + size, top + size)))
 
 
-def release_eval_view(image: np.ndarray, size: int) -> np.ndarray:
+def release_eval_view(image, size: int) -> np.ndarray:
   """The release's (open_clip's) eval transform, pixel for pixel.
 
   torchvision ``Resize(size, BICUBIC)`` on the PIL image (shorter side to
   ``size``, longer side ``int(size * long / short)``, truncated) then
   ``CenterCrop(size)`` (offsets ``int(round((d - size) / 2))``). Differs from
-  ``eval_view`` only in those roundings.
+  ``eval_view`` only in those roundings. A PIL image is resized and cropped
+  in its own mode (Pillow resizes '1' and 'P' images with nearest
+  neighbour, 'LA'/'RGBA' with premultiplied alpha) and converted to RGB
+  after the crop, as open_clip does.
   """
   img = _to_pil(image)
   w, h = img.width, img.height
@@ -157,7 +175,7 @@ def release_eval_view(image: np.ndarray, size: int) -> np.ndarray:
     img = img.resize((new_w, new_h), Image.BICUBIC)
   left = int(round((new_w - size) / 2.0))
   top = int(round((new_h - size) / 2.0))
-  return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8)
+  return _rgb_array(img.crop((left, top, left + size, top + size)))
 
 
 EVAL_VIEWS = {'default': eval_view, 'release': release_eval_view}

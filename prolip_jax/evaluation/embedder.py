@@ -9,7 +9,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from prolip_jax import uncertainty
-from prolip_jax.data import pipeline
 from prolip_jax.embedding import embed_in_batches
 
 
@@ -68,8 +67,7 @@ class Embedder:
              desc: str = 'images') -> tuple:
     """uint8 images (any size) -> (mu, logvar); ``keep_ratio`` < 1 keeps
     that fraction of patch tokens (random, fixed by ``seed``)."""
-    batch = pipeline.eval_images(list(images),
-                                 self.model.config.vision.image_size)
+    batch = self.model.preprocess_images(list(images))
     if keep_ratio is None or keep_ratio >= 1:
       return embed_in_batches(self.model.image_fn, batch, self.batch_size,
                               self._progress(desc))

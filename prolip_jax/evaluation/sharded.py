@@ -28,8 +28,7 @@ import jax
 import numpy as np
 
 from prolip_jax import sharding as shd
-from prolip_jax.data import records
-from prolip_jax.data import transforms
+from prolip_jax.data import pipeline
 from prolip_jax.embedding import normalize_images
 from prolip_jax.models import ProLIP
 
@@ -71,19 +70,22 @@ class EvalModel:
     params: the parameters (sharded on ``mesh`` or host arrays, which are
       then replicated onto it).
     tokenizer: the run's ``Tokenizer``.
-    image_size, mean, std, image_view: the eval transform and normalisation.
+    image_size, mean, std, image_view, image_order: the eval transform
+      (``pipeline.eval_images``) and the normalisation.
     mesh: where the encoders run.
     loaded: a ``LoadedModel`` for suites that need one (``loaded_model``
       builds it on first use when None).
   """
 
   def __init__(self, encoders: Callable, params: Any, tokenizer, *,
-               image_size: int, mean, std, image_view: str, mesh,
+               image_size: int, mean, std, image_view: str,
+               image_order: str, mesh,
                probabilistic: bool, loaded=None,
                make_loaded: Optional[Callable[[], Any]] = None):
     self.tokenizer = tokenizer
     self.image_size = int(image_size)
     self.image_view = image_view
+    self.image_order = image_order
     self.mesh = mesh
     self.probabilistic = bool(probabilistic)
     self._loaded, self._make_loaded = loaded, make_loaded
@@ -127,14 +129,14 @@ class EvalModel:
       raise ValueError(f'{images.name}: no images to evaluate')
     gb, local = self._global_batch(batch_size)
     num_batches = math.ceil(n / gb)
-    view = transforms.EVAL_VIEWS[self.image_view]
-    size = self.image_size
+    size, view, order = self.image_size, self.image_view, self.image_order
 
     def load(i):
       image, label = images.get(min(int(i), n - 1))  # padding repeats the last
       if not isinstance(image, np.ndarray):
-        image = records.decode_image(_read(image))
-      return {'image': view(image, size), 'label': np.int32(label)}
+        image = _read(image)
+      return {'image': pipeline.eval_images([image], size, view, order)[0],
+              'label': np.int32(label)}
 
     ds = (grain.MapDataset.range(num_batches * gb).map(load).batch(local)
           [jax.process_index()::jax.process_count()])
@@ -200,7 +202,7 @@ def from_training(objective, model: ProLIP, params: Any, config, tokenizer,
       lambda p: objective.encoders(model, p, config), params, tokenizer,
       image_size=model.config.vision.image_size, mean=config.data.mean,
       std=config.data.std, image_view=config.data.get('eval_view', 'default'),
-      mesh=mesh, probabilistic=model.config.use_unc, make_loaded=make_loaded)
+      image_order=config.data.get('eval_image_order', 'rgb_first'), mesh=mesh, probabilistic=model.config.use_unc, make_loaded=make_loaded)
 
 
 def from_loaded(loaded, mesh) -> EvalModel:
@@ -208,5 +210,6 @@ def from_loaded(loaded, mesh) -> EvalModel:
   return EvalModel(
       loaded.encoders_of, loaded.params, loaded.tokenizer,
       image_size=loaded.config.vision.image_size, mean=loaded.mean,
-      std=loaded.std, image_view=loaded.image_view, mesh=mesh,
+      std=loaded.std, image_view=loaded.image_view,
+      image_order=loaded.image_order, mesh=mesh,
       probabilistic=loaded.config.use_unc, loaded=loaded)
