@@ -12,14 +12,15 @@ from prolip_jax import config_keys
 
 
 def flatten(config: Any, prefix: str = '') -> dict[str, Any]:
-  """``{'a.b.c': value}`` of a nested ConfigDict or dict."""
+  """``{'a.b.c': value}`` of a nested ConfigDict or dict; an empty mapping
+  (``evals`` with no evaluators) is a value ``{}``, so the key shows."""
   out = {}
   items = config.items() if isinstance(config, Mapping) else (
       config.to_dict().items() if hasattr(config, 'to_dict') else ())
   for key, value in items:
     name = f'{prefix}{key}'
     if isinstance(value, Mapping) or hasattr(value, 'to_dict'):
-      out.update(flatten(value, name + '.'))
+      out.update(flatten(value, name + '.') or {name: {}})
     else:
       out[name] = value
   return out
