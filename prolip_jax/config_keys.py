@@ -225,6 +225,8 @@ KEYS: dict[str, Key] = {
     'eval.every_steps': Key(0, 'held-out eval interval (0: at the end '
                             'only)'),
     'eval.batch_size': Key(250, 'eval batch'),
+    'eval.tfds_data_dir': Key('', 'TFDS data_dir of the evaluators that set '
+                              'none (config.evals)'),
     # An open subtree: every key under it is this declaration's.
     'evals': Key({}, 'evaluators run in training and by evaluate: {name: '
                  '{kind, data, every_steps, ...}} (evaluation/evaluators.py)'),

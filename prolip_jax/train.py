@@ -465,7 +465,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
                        f'the {shards} batch shards of mesh '
                        f'{dict(mesh.shape)}')
     objective.validate_batch(config, shards)  # before any data/tokenizer work
-    evals = evaluators.build(config.get('evals'))
+    evals = evaluators.build(config.get('evals'),
+                             config_keys.get(config, 'eval.tfds_data_dir'))
     evaluators.check_for_training(evals)
     source, corpus = sources.train_source(config)
     if corpus is not None:

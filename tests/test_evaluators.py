@@ -105,6 +105,34 @@ def test_zero_shot_folder_equals_dense_on_1_and_8_devices(model,
                              'cosine_top5'}
 
 
+def test_imagenet_synset_folder_is_labelled_in_ilsvrc_order(model, tmp_path):
+  wnids = {'n01440764': 0, 'n01443537': 1, 'n15075141': 999}
+  files, labels = [], []
+  for wnid, label in wnids.items():
+    os.makedirs(tmp_path / wnid)
+    for j in range(2):
+      path = tmp_path / wnid / f'ILSVRC2012_val_{label:05d}{j}.JPEG'
+      _digit_image(label + j, (50, 40), 'RGB').save(path, 'JPEG')
+      files.append(str(path))
+      labels.append(label)
+  templates = ('a photo of a {}.',)
+  cfg = evaluators.entry('imagenet', {
+      'kind': 'zero_shot', 'data': f'folder:{tmp_path}',
+      'class_names': 'imagenet', 'templates': templates, 'batch_size': 8})
+  zs = datasets.zero_shot_set(cfg)
+  assert len(zs.class_names) == 1000 and zs.class_names[999] == 'toilet paper'
+  assert [zs.images.get(i) for i in range(6)] == list(zip(files, labels))
+  got = evaluators.Evaluator('imagenet', cfg).run(
+      sharded.from_loaded(model, _mesh(8)), '', log=lambda _: None)
+  dense = _dense_top1(model, files, np.array(labels), zs.class_names,
+                      templates)
+  for key, value in dense.items():
+    assert got[key] == pytest.approx(value)
+  os.makedirs(tmp_path / 'not_a_synset')
+  with pytest.raises(errors.DatasetUnavailableError, match='not_a_synset'):
+    datasets.zero_shot_set(cfg)
+
+
 def test_retrieval_jsonl_equals_dense_recall(model, image_folder, tmp_path):
   lines = []
   captions = {}

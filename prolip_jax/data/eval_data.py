@@ -4,7 +4,9 @@ Metadata: class names and prompt templates ship as JSON package data in
 ``prolip_jax/data/assets/`` (``imagenet.json``: the 1,000 class names and 80
 templates of OpenAI CLIP's ImageNet prompt-engineering notebook;
 ``cifar10.json`` / ``cifar100.json``: CLIP's ``data/prompts.md`` names and
-18 templates). ``metadata('imagenet')`` returns ``{'classes', 'templates'}``.
+18 templates). ``metadata('imagenet')`` returns ``{'classes', 'templates',
+'wnids'}`` (``wnids``: the synset folder names of an ImageNet folder, in
+label order).
 
 ``ZeroShotDataset`` = images + labels + class names + templates, from TFDS
 (``zero_shot_tfds('imagenet2012' | 'cifar10' | 'cifar100')``, needs
@@ -58,7 +60,8 @@ def metadata(name: str) -> dict:
       'assets', f'{name}.json').read_text(encoding='utf-8')
   data = json.loads(text)
   return {'classes': tuple(data['classes']),
-          'templates': tuple(data['templates']), 'source': data['source']}
+          'templates': tuple(data['templates']), 'source': data['source'],
+          'wnids': tuple(data.get('wnids', ()))}
 
 
 def load_image(image: Any) -> np.ndarray:

@@ -38,6 +38,9 @@ def main():
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
   flags.DEFINE_list('evals', [], 'Run only these evaluators (names in '
                     'config.evals).')
+  flags.DEFINE_string('tfds_data_dir', None, 'TFDS data_dir of evaluators '
+                      'that set none (default: the config\'s, else the '
+                      'run\'s eval.tfds_data_dir).')
 
   def run_main(argv):
     if len(argv) > 1:
@@ -46,6 +49,7 @@ def main():
     return errors.cli_main(lambda: runner.run(
         flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.out,
         flags.FLAGS.step, log=lambda s: print(s, flush=True),
-        only=tuple(flags.FLAGS.evals)))
+        only=tuple(flags.FLAGS.evals),
+        tfds_data_dir=flags.FLAGS.tfds_data_dir))
 
   app.run(run_main)

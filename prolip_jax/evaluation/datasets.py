@@ -7,9 +7,10 @@
                                ``coco_captions:test`` (the Karpathy 5k test
                                split). Never downloads: a data set that is not
                                prepared is one line saying how to prepare it.
-``folder:PATH``                zero-shot: ``PATH/<class folder>/*.jpg`` (an
-                               ImageNet ``val`` folder of synset folders takes
-                               ``class_names='imagenet'``).
+``folder:PATH``                zero-shot: ``PATH/<class folder>/*.jpg``; with
+                               ``class_names='imagenet'`` the folders are
+                               synsets (``n01440764``, ...: an ImageNet ``val``
+                               folder), labelled in ILSVRC-2012 order.
 ``jsonl:PATH``                 retrieval: ``{"image": "rel/path.jpg",
                                "captions": [...]}`` lines; images relative to
                                ``images_dir`` (default: the file's folder).
@@ -167,11 +168,12 @@ def zero_shot_set(cfg) -> ZeroShotSet:
   if scheme == 'folder':
     if not os.path.isdir(rest):
       raise errors.DatasetUnavailableError(f'{cfg.data}: no folder {rest}')
-    class_names = (eval_data.metadata(names)['classes']
-                   if isinstance(names, str) and names else names or None)
+    if isinstance(names, str) and names:
+      return _synset_folder(rest, names, _template_choice(
+          templates, eval_data.metadata(names)['templates']))
     ds = eval_data.zero_shot_folder(
         rest, _template_choice(templates, ('a photo of a {}.',)),
-        class_names=class_names)
+        class_names=names or None)
     return ZeroShotSet(
         ImageSet(ds.name, len(ds), lambda i: (ds.images[i],
                                               int(ds.labels[i]))),
@@ -184,6 +186,37 @@ def zero_shot_set(cfg) -> ZeroShotSet:
         tuple(data.class_names), _template_choice(templates, data.templates))
   raise errors.ConfigError(f'{cfg.data}: {scheme} data has no class labels '
                            '(zero-shot reads tfds:, folder:, digits, emoji)')
+
+
+def _synset_folder(root: str, asset: str, templates: tuple[str, ...]
+                   ) -> ZeroShotSet:
+  """An ImageNet-style folder: subfolders named by WordNet id (``n01440764``
+  ...), labelled by the id's position in the asset's label order, scored
+  against all of the asset's classes (a folder holding a subset of the
+  synsets is still a 1000-way classification)."""
+  meta = eval_data.metadata(asset)
+  if not meta['wnids']:
+    raise errors.ConfigError(f'class_names={asset!r} has no WordNet ids: '
+                             'use a list of names or leave it empty')
+  index = {w: i for i, w in enumerate(meta['wnids'])}
+  folders = sorted(d for d in os.listdir(root)
+                   if os.path.isdir(os.path.join(root, d)))
+  unknown = [f for f in folders if f not in index]
+  if not folders or unknown:
+    raise errors.DatasetUnavailableError(
+        f'{root}: expected one folder per {asset} synset (n01440764, ...), '
+        f'found {", ".join(unknown[:3]) or "none"}')
+  files, labels = [], []
+  for folder in folders:
+    for dirpath, _, names in sorted(os.walk(os.path.join(root, folder))):
+      for name in sorted(names):
+        if name.lower().endswith(eval_data.IMAGE_EXTS):
+          files.append(os.path.join(dirpath, name))
+          labels.append(index[folder])
+  return ZeroShotSet(
+      ImageSet(os.path.basename(os.path.normpath(root)), len(files),
+               lambda i: (files[i], labels[i])),
+      meta['classes'], templates)
 
 
 def retrieval_set(cfg) -> RetrievalSet:

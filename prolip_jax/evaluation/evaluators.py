@@ -231,13 +231,22 @@ def entry(name: str, raw: Any) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({**allowed, **raw})
 
 
-def build(evals: Any) -> list[Evaluator]:
+def build(evals: Any, tfds_data_dir: str = '') -> list[Evaluator]:
   """The evaluators of ``config.evals`` (a mapping name -> entry), in
-  name order."""
+  name order; ``tfds_data_dir`` is the ``data_dir`` of those that set
+  none (``config.eval.tfds_data_dir``)."""
   if not evals:
     return []
-  items = evals.items() if hasattr(evals, 'items') else []
-  return [Evaluator(name, entry(name, raw)) for name, raw in sorted(items)]
+  if not hasattr(evals, 'items'):
+    raise errors.ConfigError('evals must map names to evaluator entries, '
+                             f'got {type(evals).__name__}')
+  out = []
+  for name, raw in sorted(evals.items()):
+    cfg = entry(name, raw)
+    if not cfg.data_dir:
+      cfg.data_dir = tfds_data_dir or ''
+    out.append(Evaluator(name, cfg))
+  return out
 
 
 def check_for_training(evals: list[Evaluator]):

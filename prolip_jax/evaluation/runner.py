@@ -48,7 +48,8 @@ def checkpoint_evals(model) -> ml_collections.ConfigDict:
 
 def run(model, config=None, out_dir: Optional[str] = None,
         step: Optional[int] = None, log: Callable[[str], None] = print,
-        only: tuple[str, ...] = ()) -> dict:
+        only: tuple[str, ...] = (), tfds_data_dir: Optional[str] = None
+        ) -> dict:
   """Runs a model's evaluators and writes their results.
 
   Args:
@@ -59,6 +60,9 @@ def run(model, config=None, out_dir: Optional[str] = None,
     step: checkpoint step when loading a workdir.
     log: where progress lines and the table go.
     only: names of the evaluators to run (default all).
+    tfds_data_dir: the TFDS ``data_dir`` of evaluators that set none
+      (default: the config's ``tfds_data_dir``, else the run's
+      ``eval.tfds_data_dir``).
 
   Returns:
     ``{'metrics': {name/metric: value}, 'figures': [...], 'files': [...],
@@ -76,8 +80,16 @@ def run(model, config=None, out_dir: Optional[str] = None,
     summary = suites.run_suites(model, config, out_dir, log)
     summary['skipped'] = {}
   else:
-    evals = checkpoint_evals(model) if config is None else config.evals
-    summary = _run_evaluators(model, evals, out_dir, log, only)
+    if config is None:
+      evals = checkpoint_evals(model)
+      stored = ((getattr(model, 'run_config', None) or {}).get('eval') or {})
+      default_dir = stored.get('tfds_data_dir', '')
+    else:
+      evals, default_dir = config.evals, config.get('tfds_data_dir', '')
+    if tfds_data_dir is not None:
+      default_dir = tfds_data_dir
+    summary = _run_evaluators(model, evaluators.build(evals, default_dir),
+                              out_dir, log, only)
   path = os.path.join(out_dir, 'summary.json')
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(jsonable(summary), f, indent=1)
@@ -88,8 +100,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
   return summary
 
 
-def _run_evaluators(model, evals, out_dir: str, log, only) -> dict:
-  todo = evaluators.build(evals)
+def _run_evaluators(model, todo, out_dir: str, log, only) -> dict:
   if only:
     unknown = sorted(set(only) - {e.name for e in todo})
     if unknown:
