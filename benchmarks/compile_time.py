@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import masking
@@ -94,7 +95,7 @@ def compile_once(name: str, scan: bool) -> dict:
   else:
     config.batch_size = b
     objective = objectives.get(config.objective)
-    tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+    tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
     init_state, state_shardings = train.train_state_initializer(
         model, tx, mesh, with_teacher=objective.uses_teacher)
     state = jax.eval_shape(init_state, jax.random.key(0))

@@ -69,12 +69,13 @@ def jax_step_fn(config, mask_id: int):
   """``(step() -> metrics, params)``: the real jitted step on one device."""
   import jax
   from prolip_jax import sharding as shd
+  from prolip_jax import optimizer
   from prolip_jax import train
   from prolip_jax.models import ModelConfig, ProLIP
   mesh = shd.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
   model = ProLIP(model_cfg)
-  tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+  tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
   init_state, shardings = train.train_state_initializer(model, tx, mesh)
   state = init_state(jax.random.key(0))
   params = jax.device_get(state.params)

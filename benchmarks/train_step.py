@@ -24,6 +24,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from prolip_jax import sharding as shd
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.objectives import prolip as prolip_objective
 from prolip_jax.models import attention_impl_for
@@ -84,7 +85,7 @@ def measure(config, verbose: bool = True) -> dict:
   model_cfg = ModelConfig.from_config(config.model)
   model = ProLIP(model_cfg, attention=attention_impl_for(
       mesh.devices.flat, model_cfg.attention_impl))
-  tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+  tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
   init_state, state_shardings = train.train_state_initializer(model, tx, mesh)
   state = init_state(jax.random.key(0))
   mask_id = 3 if config.tokenizer.mask_id < 0 else config.tokenizer.mask_id

@@ -306,6 +306,7 @@ def compile_step(config, target: Target, per_device_batch: int
   per device; returns the report (``fits``; ``error`` when the compiler
   refused it for memory)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax import optimizer  # pylint: disable=g-import-not-at-top
   from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
 
@@ -317,7 +318,7 @@ def compile_step(config, target: Target, per_device_batch: int
     config.batch_size = per_device_batch * shards
     train.validate_config(config)
     model, mask_id = _model(config, mesh.devices.flat)
-    tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+    tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
     init_state, shardings = train.run_state_initializer(config, model, tx,
                                                         mesh)
     state = jax.eval_shape(init_state, jax.random.key(0))

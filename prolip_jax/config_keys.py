@@ -10,7 +10,7 @@ change on resume and the change is printed and applied.
 
 ``tests/test_config_keys.py`` derives fixed-ness rather than trusting it:
 every ``optim.*`` key whose change alters the optimizer-state tree of
-``train.make_optimizer`` and every ``model.*``/``uniclip.*`` key whose change
+``optimizer.make_optimizer`` and every ``model.*``/``uniclip.*`` key whose change
 alters the parameter tree must be declared with ``OPTIMIZER_TREE`` or
 ``PARAMETER_TREE``, and the other way round.
 

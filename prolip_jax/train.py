@@ -11,6 +11,7 @@ hooks (``prolip_jax/objectives/base.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -29,13 +30,14 @@ import optax
 
 from prolip_jax import atomic
 from prolip_jax import checkpoint
-from prolip_jax import config_drift
 from prolip_jax import config_keys
 from prolip_jax import errors
 from prolip_jax import hub
 from prolip_jax import models
 from prolip_jax import objectives
+from prolip_jax.optimizer import make_optimizer
 from prolip_jax import progress
+from prolip_jax import resume
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
 from prolip_jax.data import records
@@ -45,11 +47,9 @@ from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.evaluation import evaluators
-from prolip_jax.evaluation import sharded as sharded_eval
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
-from prolip_jax.models.transformer import SCANNED_BLOCKS
 from prolip_jax.workdir_lock import WorkdirLock
 
 
@@ -60,64 +60,6 @@ class TrainState:
   opt_state: Any
   # EMA teacher parameters for distilling objectives (OTTER), else None.
   teacher: Any = None
-
-
-# ----------------------------------------------------------------------------
-# Optimizer
-
-
-def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
-  """Linear warm-up from 0 to ``lr``, then cosine decay to ``lr*end_ratio``."""
-  warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=optim.lr, warmup_steps=warmup,
-      decay_steps=max(total_steps, warmup + 1),
-      end_value=optim.lr * optim.end_lr_ratio)
-
-
-def weight_decay_mask(params: Any) -> Any:
-  """Decay matrices and kernels only: not norms, biases, [CLS]/[UNC] tokens,
-  nor the scalars a and b (everything with fewer than two dimensions, not
-  counting the layer axis of a scanned block stack)."""
-  def decays(path, p):
-    stacked = any(getattr(k, 'key', None) == SCANNED_BLOCKS for k in path)
-    return p.ndim - int(stacked) >= 2
-  return jax.tree_util.tree_map_with_path(decays, params)
-
-
-# The parameters that produce log sigma^2 and nothing else: the [UNC] tokens
-# and the uncertainty heads of both towers (paper 4.1).
-UNCERTAINTY_PARAMS = ('unc_embedding', 'uncertainty_proj', 'unc_emb',
-                      'text_uncertainty_projection')
-
-
-def uncertainty_mask(params: Any) -> Any:
-  """True for every leaf under one of ``UNCERTAINTY_PARAMS``."""
-  def under(path, _):
-    return any(getattr(k, 'key', None) in UNCERTAINTY_PARAMS for k in path)
-  return jax.tree_util.tree_map_with_path(under, params)
-
-
-def make_optimizer(optim, total_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW on ``learning_rate_schedule`` (optionally after a global-norm
-  clip). ``optim.unc_lr_mult`` != 1 multiplies the update, weight decay
-  included, of the ``UNCERTAINTY_PARAMS`` group: their learning rate is
-  ``unc_lr_mult * lr`` (a short-run knob, docs/small_scale_uncertainty.md)."""
-  schedule = learning_rate_schedule(optim, total_steps)
-  tx = optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                   weight_decay=optim.weight_decay, mask=weight_decay_mask)
-  unc_lr_mult = float(optim.get('unc_lr_mult',
-                                config_keys.default('optim.unc_lr_mult')))
-  if unc_lr_mult <= 0:
-    raise ValueError(f'optim.unc_lr_mult must be > 0, got {unc_lr_mult}')
-  if unc_lr_mult != 1.0:
-    # Only when set, so the optimizer state of existing runs keeps its shape.
-    tx = optax.chain(tx, optax.masked(optax.scale(unc_lr_mult),
-                                      uncertainty_mask))
-  if optim.grad_clip > 0:
-    tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), tx)
-  return tx, schedule
 
 
 # ----------------------------------------------------------------------------
@@ -212,15 +154,6 @@ def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]],
                                     config.model.text.context_length)
   checkpoint.check_tokenizer(meta, src, owner, sha256=tokenizer.sha256)
   return tokenizer
-
-
-def _stored_meta(workdir: str) -> Optional[tuple[int, dict]]:
-  """``(step, meta)`` of the workdir's newest checkpoint whose meta reads,
-  or None (no checkpoints)."""
-  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
-    return None
-  with checkpoint.manager(workdir, read_only=True) as mngr:
-    return _stored_config(mngr)
 
 
 def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
@@ -322,87 +255,6 @@ def jit_train_step(model: ProLIP, config, tx: optax.GradientTransformation,
       donate_argnums=(0,))
 
 
-# ----------------------------------------------------------------------------
-# The loop
-
-
-def _stored_config(mngr) -> Optional[tuple[int, dict]]:
-  """``(step, meta)`` of the newest checkpoint whose meta reads, or None."""
-  for step in sorted(mngr.all_steps(), reverse=True):
-    try:
-      return step, checkpoint.read_meta(mngr, step)
-    except Exception:  # pylint: disable=broad-except
-      continue  # reported when its arrays fail to restore
-  return None
-
-
-def _check_drift(config, workdir: str, is_chief: bool):
-  """Stops on settings that would change the model or the data of the run
-  stored in the workdir; prints the other changes (they apply)."""
-  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
-    return
-  with checkpoint.manager(workdir, read_only=True) as mngr:
-    stored = _stored_config(mngr)
-  if stored is None:
-    return
-  step, meta = stored
-  old = meta.get('config') or {}
-  new = json.loads(config.to_json_best_effort())
-  if not meta.get('has_opt_state', True):
-    # Imported weights (step 0): only the model has to match.
-    old, new = {'model': old.get('model', {})}, {'model': new['model']}
-  applied = config_drift.check(old, new, step)
-  if applied and is_chief:
-    print(f'Resuming step {step} with changed settings (applied): '
-          + '; '.join(applied), flush=True)
-
-
-def _check_nothing_set_aside(workdir: str, allow_fresh_start: bool):
-  """Refuses to train from step 0 over checkpoints that an earlier run set
-  aside as unreadable (``checkpoints/`` empty or missing,
-  ``checkpoints_unreadable/`` not): a week of training is not restarted
-  without being asked to."""
-  aside = os.path.join(workdir, checkpoint.UNREADABLE_DIR)
-  if allow_fresh_start or not os.path.isdir(aside) or not os.listdir(aside):
-    return
-  if checkpoint.latest_step(workdir) is not None:
-    return
-  raise errors.CheckpointError(
-      f'{checkpoint.checkpoint_dir(workdir)} has no checkpoint but {aside} '
-      f'holds {sorted(os.listdir(aside))}, set aside as unreadable; nothing '
-      'was changed: restore a readable copy into checkpoints/, or pass '
-      '--allow_fresh_start (train_and_evaluate(..., allow_fresh_start=True)) '
-      'to train from step 0 anyway')
-
-
-def _mismatch_error(e: checkpoint.TreeMismatchError, config
-                    ) -> errors.ConfigDriftError:
-  """One line for a healthy checkpoint that does not fit the current
-  config: the settings that differ from its stored config (or, when none
-  do, the arrays), and what to do."""
-  stored = (e.meta or {}).get('config') or {}
-  requested = json.loads(config.to_json_best_effort())
-  if not e.meta.get('has_opt_state', True):
-    stored = {'model': stored.get('model', {})}
-    requested = {'model': requested['model']}
-  changes = config_drift.diff(stored, requested)
-  fixed = {k: v for k, v in changes.items() if config_drift.is_fixed(k)}
-  arrays = '; '.join(e.differences[:3]) + (
-      f'; and {len(e.differences) - 3} more' if len(e.differences) > 3
-      else '')
-  if changes:
-    why = ('settings that differ from the stored run: '
-           + config_drift.describe_changes(fixed or changes)
-           + f' (arrays: {arrays})')
-  else:  # same settings: the code that builds the trees changed
-    why = (f'its arrays differ ({arrays}) although the settings are the '
-           'same (was it written by another prolip_jax version?)')
-  return errors.ConfigDriftError(
-      f'checkpoint step {e.step} at {e.path} is readable but does not fit the '
-      f'current config: {why}; nothing was changed: resume with the stored '
-      'settings or start a new --workdir')
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        max_steps: Optional[int] = None,
                        allow_fresh_start: bool = False) -> dict[str, Any]:
@@ -449,93 +301,112 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     lock.release()
 
 
+@dataclasses.dataclass
+class _Run:
+  """What ``_build`` makes of a config before any state exists."""
+  mesh: Any
+  evals: list
+  source: Any
+  tokenizer: Tokenizer
+  model: ProLIP
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  dataset: Any
+  init_state: Callable
+  state_shardings: Any
+  abstract: Any  # the TrainState's shapes, dtypes and shardings
+  init_rng: jax.Array
+  step_rng: jax.Array
+
+
+def _build(config, workdir: str, objective) -> _Run:
+  """The mesh, evaluators, data, tokenizer, model, optimizer and state
+  initializer of a run (``ValueError`` for a config that cannot run)."""
+  mesh = shd.make_mesh(config.mesh)
+  shards = shd.num_batch_shards(mesh)
+  if config.batch_size % shards:
+    raise ValueError(f'batch_size {config.batch_size} is not divisible by '
+                     f'the {shards} batch shards of mesh '
+                     f'{dict(mesh.shape)}')
+  objective.validate_batch(config, shards)  # before any data/tokenizer work
+  evals = evaluators.build(config.get('evals'),
+                           config_keys.get(config, 'eval.tfds_data_dir'))
+  evaluators.check_for_training(evals)
+  source, corpus = sources.train_source(config)
+  if corpus is not None:
+    corpus = objective.extend_corpus(corpus)
+  tokenizer = setup_tokenizer(config, workdir, corpus,
+                              resume.stored_meta(workdir))
+  model_cfg = model_config_for(config, tokenizer)
+  # Attention kernel for the devices the step is compiled for (the mesh),
+  # never the default backend (ahead-of-time compilation targets others).
+  model = ProLIP(model_cfg, attention=models.attention_impl_for(
+      mesh.devices.flat, model_cfg.attention_impl))
+  tx, schedule = make_optimizer(config.optim, config.total_steps)
+  dataset = pipeline.train_dataset(
+      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
+      global_batch_size=config.batch_size, seed=config.seed,
+      augment=augment_config(config.data),
+      num_views=config_keys.get(config, 'data.num_views'),
+      process_index=jax.process_index(),
+      process_count=jax.process_count())
+  dataset = objective.wrap_dataset(
+      config, dataset, source, tokenizer, model_cfg.vision.image_size,
+      jax.process_index(), jax.process_count())
+
+  init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
+  init_state, state_shardings = run_state_initializer(config, model, tx,
+                                                      mesh)
+  return _Run(mesh, evals, source, tokenizer, model, tx, schedule, dataset,
+              init_state, state_shardings,
+              jax.eval_shape(init_state, init_rng), init_rng, step_rng)
+
+
+def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
+                 source) -> dict[str, float]:
+  """A ``metrics.jsonl`` row: the step's metrics (host values), samples/s,
+  the count of skipped non-finite steps and the bad-record counters of
+  ``source`` (when it checks its records)."""
+  row = {k: float(np.asarray(v)) for k, v in metrics.items()}
+  row['samples_per_sec'] = rate
+  row['nonfinite_steps'] = nonfinite_total
+  bad = sources.bad_record_stats(source)
+  if bad is not None:
+    row['data/bad_records'] = bad['bad']
+    row['data/records_seen'] = bad['seen']
+    row['data/bad_fraction'] = bad['bad_fraction']
+  return row
+
+
 def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
                         allow_fresh_start: bool):
-  _check_nothing_set_aside(workdir, allow_fresh_start)
+  resume.check_nothing_set_aside(workdir, allow_fresh_start)
   with errors.config_errors():
     config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
   objective = objectives.get(config.objective)
   is_chief = jax.process_index() == 0
-  _check_drift(config, workdir, is_chief)
+  resume.check_drift(config, workdir, is_chief)
   with errors.config_errors():
-    mesh = shd.make_mesh(config.mesh)
-    shards = shd.num_batch_shards(mesh)
-    if config.batch_size % shards:
-      raise ValueError(f'batch_size {config.batch_size} is not divisible by '
-                       f'the {shards} batch shards of mesh '
-                       f'{dict(mesh.shape)}')
-    objective.validate_batch(config, shards)  # before any data/tokenizer work
-    evals = evaluators.build(config.get('evals'),
-                             config_keys.get(config, 'eval.tfds_data_dir'))
-    evaluators.check_for_training(evals)
-    source, corpus = sources.train_source(config)
-    if corpus is not None:
-      corpus = objective.extend_corpus(corpus)
-    tokenizer = setup_tokenizer(config, workdir, corpus,
-                                _stored_meta(workdir))
-    model_cfg = model_config_for(config, tokenizer)
-    # Attention kernel for the devices the step is compiled for (the mesh),
-    # never the default backend (ahead-of-time compilation targets others).
-    model = ProLIP(model_cfg, attention=models.attention_impl_for(
-        mesh.devices.flat, model_cfg.attention_impl))
-    tx, schedule = make_optimizer(config.optim, config.total_steps)
-    dataset = pipeline.train_dataset(
-        source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
-        global_batch_size=config.batch_size, seed=config.seed,
-        augment=augment_config(config.data),
-        num_views=config_keys.get(config, 'data.num_views'),
-        process_index=jax.process_index(),
-        process_count=jax.process_count())
-    dataset = objective.wrap_dataset(
-        config, dataset, source, tokenizer, model_cfg.vision.image_size,
-        jax.process_index(), jax.process_count())
-
-    root_rng = jax.random.key(config.seed)
-    init_rng, step_rng = jax.random.split(root_rng)
-    with_teacher = objective.uses_teacher
-    init_state, state_shardings = run_state_initializer(config, model, tx,
-                                                        mesh)
-    abstract = jax.eval_shape(init_state, init_rng)
+    run = _build(config, workdir, objective)
+  mesh, model, tokenizer, evals = run.mesh, run.model, run.tokenizer, run.evals
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
-  try:
-    restored = checkpoint.restore_newest(
-        mngr, abstract.params, abstract.opt_state, abstract.teacher,
-        set_aside=True)
-  except checkpoint.TreeMismatchError as e:
-    mngr.close()
-    raise _mismatch_error(e, config) from e
-  if restored is None:
-    start = 0
-    state = init_state(init_rng)
-  else:
-    start, (params, opt_state, teacher, _) = restored
-    if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
-      opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
-          params)
-      logging.warning('Checkpoint %d has no optimizer state (imported '
-                      'weights): starting AdamW afresh', start)
-    if with_teacher and teacher is None:  # e.g. imported weights
-      teacher = jax.jit(lambda p: p,
-                        out_shardings=state_shardings.params)(params)
-      logging.warning('Checkpoint %d has no EMA teacher: starting it from '
-                      'the restored parameters', start)
-    state = TrainState(jnp.asarray(start, jnp.int32), params, opt_state,
-                       teacher)
-    logging.info('Resumed from step %d', start)
-
-  train_step = jit_train_step(model, config, tx, schedule, mesh,
-                              tokenizer.mask_id, state_shardings)
+  start, state = resume.restore_or_init(
+      mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
+      run.state_shardings, objective.uses_teacher)
+  train_step = jit_train_step(model, config, run.tx, run.schedule, mesh,
+                              tokenizer.mask_id, run.state_shardings)
 
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
   meta = {'config': json.loads(config.to_json_best_effort()),
-          'model': model_cfg.to_dict(),
+          'model': model.config.to_dict(),
           **checkpoint.tokenizer_meta(tokenizer)}
   stopper = progress.StopFlag()
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
-  data_iter = pipeline.iterate_from(dataset, start, config.data.num_workers,
+  data_iter = pipeline.iterate_from(run.dataset, start,
+                                    config.data.num_workers,
                                     config.data.num_threads)
 
   def save(step, force=False):
@@ -545,44 +416,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
                     dict(meta, step=int(step)), force=force,
                     teacher=state.teacher)
 
-  gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
-
-  def run_eval():
-    # The built-in train-time eval is the held-out part of the bundled data
-    # sets (digits, emoji); other data sets are evaluated with
-    # `python -m prolip_jax.evaluate` on a checkpoint.
-    if config.data.name not in train_time.HELDOUT:
-      return {}
-    progress.status(f'Evaluating on the held-out {config.data.name} set '
-                    f'(step {step})', is_chief)
-    # Every host evaluates the same replicated parameters on the held-out set.
-    encoders = train_time.jit_encoders(objective, model,
-                                       gather(state.params), config)
-    size = model_cfg.vision.image_size
-    results = train_time.zero_shot_heldout(encoders, tokenizer, config, size)
-    results.update(objective.train_eval_metrics(encoders, tokenizer, config,
-                                                size))
-    return results
-
-  def run_evaluators(final: bool) -> dict[str, float]:
-    # config.evals: every host embeds its part of each set on the mesh.
-    due = [e for e in evals if e.due(step, final)]
-    if not due:
-      return {}
-    model_on_mesh = sharded_eval.from_training(objective, model, state.params,
-                                               config, tokenizer, mesh)
-    out_dir = (os.path.join(workdir, 'evals', f'step_{step}') if is_chief
-               else '')
-    results = {}
-    for e in due:
-      progress.status(f'Evaluator {e.name} at step {step}', is_chief)
-      found = e.run(model_on_mesh, out_dir,
-                    lambda line: progress.status(line, is_chief))
-      progress.status(train_time.evaluator_line(e.name, found), is_chief)
-      results.update({f'{e.name}/{k}': v for k, v in found.items()})
-    writer.write(step, results)
-    return results
-
+  evaluations = train_time.LoopEvaluations(objective, model, config, tokenizer, mesh,
+                             evals, writer, workdir, is_chief)
   unavailable = evaluators.check_available(evals)
   if is_chief:
     print(f'prolip_jax: {config.objective} on {config.data.name}, '
@@ -611,7 +446,7 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
       if first:
         progress.status('Compiling the train step (the first step includes '
                         'it)', is_chief)
-      state, metrics = train_step(state, batch, step_rng)
+      state, metrics = train_step(state, batch, run.step_rng)
       step += 1
       if first:
         jax.block_until_ready(metrics['loss'])
@@ -623,15 +458,8 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
         metrics = jax.device_get(metrics)
         now = time.time()
         rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
-        last_metrics = {k: float(np.asarray(v)) for k, v in metrics.items()}
-        last_metrics['samples_per_sec'] = rate
         monitor.flush()
-        last_metrics['nonfinite_steps'] = monitor.total
-        bad = sources.bad_record_stats(source)
-        if bad is not None:
-          last_metrics['data/bad_records'] = bad['bad']
-          last_metrics['data/records_seen'] = bad['seen']
-          last_metrics['data/bad_fraction'] = bad['bad_fraction']
+        last_metrics = _metrics_row(metrics, rate, monitor.total, run.source)
         writer.write(step, last_metrics)
         if is_chief:
           print(progress.progress_line(step, config.total_steps, last_metrics,
@@ -646,9 +474,9 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
           save(step)
       if config.eval.every_steps and step % config.eval.every_steps == 0 \
           and step != end:
-        writer.write(step, {f'eval/{k}': v for k, v in run_eval().items()})
+        evaluations.heldout(state, step)
       if step != end:
-        run_evaluators(final=False)
+        evaluations.configured(state, step, final=False)
     monitor.flush()
   except KeyboardInterrupt:
     logging.warning('Interrupted at step %d: saving a checkpoint', step)
@@ -662,10 +490,10 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
   eval_results: dict[str, float] = {}
   evals_results: dict[str, float] = {}
   if not stopper.stop:
-    eval_results = run_eval()
-    if step > start:  # a re-run of a finished command adds no duplicate row
-      writer.write(step, {f'eval/{k}': v for k, v in eval_results.items()})
-      evals_results = run_evaluators(final=True)
+    # A re-run of a finished command adds no duplicate rows.
+    eval_results = evaluations.heldout(state, step, write=step > start)
+    if step > start:
+      evals_results = evaluations.configured(state, step, final=True)
   writer.close()
   ckpt_path = os.path.join(checkpoint.checkpoint_dir(workdir), str(step))
   summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
@@ -72,7 +73,7 @@ def main():
   impl = attention_impl_for(mesh.devices.flat, model_cfg.attention_impl)
   model = ProLIP(model_cfg, attention=impl)
   objective = objectives.get(config.objective)
-  tx, schedule = train.make_optimizer(config.optim, config.total_steps)
+  tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
   init_state, state_shardings = train.train_state_initializer(
       model, tx, mesh, with_teacher=objective.uses_teacher,
       extra_params=lambda rng: objective.init_extra_params(

@@ -16,6 +16,7 @@ from prolip_jax import config_keys
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax.evaluation import evaluators
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -129,13 +130,13 @@ def _abstract_params(config):
 
 def test_optimizer_keys_that_change_the_state_tree_are_declared_so():
   """For every optim.* key: does changing it change the optimizer-state tree
-  (``train.make_optimizer``, on the [UNC] model so the uncertainty group
+  (``optimizer.make_optimizer``, on the [UNC] model so the uncertainty group
   exists)? Exactly those keys must be declared ``OPTIMIZER_TREE``."""
   base = presets.load_config_file(MICRO)
   params = _abstract_params(base)
 
   def signature(config):
-    tx, _ = train.make_optimizer(config.optim, config.total_steps)
+    tx, _ = optimizer.make_optimizer(config.optim, config.total_steps)
     return _tree_signature(jax.eval_shape(tx.init, params))
 
   reference = signature(base)

@@ -19,6 +19,7 @@ from prolip_jax import convert
 from prolip_jax import file_names
 from prolip_jax import hub
 from prolip_jax import presets
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.inference import LoadedModel
 from prolip_jax.models import init_params
@@ -172,8 +173,8 @@ def test_weight_decay_mask_is_the_same_in_both_layouts():
   params = _init(_cfg(), 0)
   keyed = lambda tree: {jax.tree_util.keystr(k): v for k, v in
                         jax.tree_util.tree_flatten_with_path(tree)[0]}
-  flat = keyed(train.weight_decay_mask(params))
-  flat_scan = keyed(train.weight_decay_mask(convert.stack_layers(params)))
+  flat = keyed(optimizer.weight_decay_mask(params))
+  flat_scan = keyed(optimizer.weight_decay_mask(convert.stack_layers(params)))
   # Every scanned leaf decides as each of the unrolled blocks' leaves does.
   for key, decay in flat_scan.items():
     for i in range(3 if "['visual']" in key else 2):

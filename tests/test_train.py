@@ -12,6 +12,7 @@ import pytest
 
 from prolip_jax import checkpoint
 from prolip_jax import presets
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -74,13 +75,13 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
 def test_weight_decay_mask_exempts_vectors_and_scalars():
   params = {'w': jnp.ones((3, 4)), 'b': jnp.ones(4), 'tok': jnp.ones(8),
             'logit_scale': jnp.ones(()), 'conv': jnp.ones((2, 2, 3, 4))}
-  mask = train.weight_decay_mask(params)
+  mask = optimizer.weight_decay_mask(params)
   assert mask == {'w': True, 'b': False, 'tok': False, 'logit_scale': False,
                   'conv': True}
   # AdamW with zero gradients: only the masked leaves shrink, by lr * wd.
   cfg = presets.base_config().optim
   cfg.warmup_steps = 0
-  tx, schedule = train.make_optimizer(cfg, total_steps=10)
+  tx, schedule = optimizer.make_optimizer(cfg, total_steps=10)
   state = tx.init(params)
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, state, params)
@@ -98,7 +99,7 @@ def test_unc_lr_mult_scales_only_the_uncertainty_group():
   params = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)),
       jnp.zeros((1, length), jnp.int32)))['params']
-  mask = train.uncertainty_mask(params)
+  mask = optimizer.uncertainty_mask(params)
   flat = {jax.tree_util.keystr(k): v
           for k, v in jax.tree_util.tree_leaves_with_path(mask)}
   chosen = sorted(k for k, v in flat.items() if v)
@@ -115,9 +116,9 @@ def test_unc_lr_mult_scales_only_the_uncertainty_group():
   grads = jax.tree.map(lambda p: jnp.full_like(p, -0.01), params)
   optim = presets.base_config().optim
   optim.warmup_steps = 0
-  plain, _ = train.make_optimizer(optim, total_steps=10)
+  plain, _ = optimizer.make_optimizer(optim, total_steps=10)
   optim.unc_lr_mult = 7.0
-  boosted, _ = train.make_optimizer(optim, total_steps=10)
+  boosted, _ = optimizer.make_optimizer(optim, total_steps=10)
   u_plain, _ = plain.update(grads, plain.init(params), params)
   u_boost, _ = boosted.update(grads, boosted.init(params), params)
   for (path, a), b, m in zip(jax.tree_util.tree_leaves_with_path(u_plain),
@@ -126,13 +127,13 @@ def test_unc_lr_mult_scales_only_the_uncertainty_group():
                                rtol=1e-6, err_msg=jax.tree_util.keystr(path))
   optim.unc_lr_mult = 0.0
   with pytest.raises(ValueError, match='unc_lr_mult'):
-    train.make_optimizer(optim, total_steps=10)
+    optimizer.make_optimizer(optim, total_steps=10)
 
 
 def test_schedule_is_linear_warmup_then_cosine():
   cfg = presets.base_config().optim
   cfg.lr, cfg.warmup_steps, cfg.end_lr_ratio = 1e-3, 10, 0.1
-  schedule = train.learning_rate_schedule(cfg, total_steps=110)
+  schedule = optimizer.learning_rate_schedule(cfg, total_steps=110)
   np.testing.assert_allclose(float(schedule(5)), 0.5e-3, rtol=1e-6)
   for step in (10, 40, 110):
     t = (step - 10) / 100

@@ -20,6 +20,7 @@ import pytest
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.data import transforms
 from prolip_jax.models import ProLIP
@@ -42,7 +43,7 @@ def test_two_steps_update_clamp_and_skip_a_nan_step():
   c.debug_nan_steps = (2,)  # the second step's loss is NaN
   model = ProLIP(train.model_config_for(c, _Tokenizer()))
   mesh = shd.make_mesh({'data': 1, 'fsdp': 1, 'num_devices': 1})
-  tx, schedule = train.make_optimizer(c.optim, c.total_steps)
+  tx, schedule = optimizer.make_optimizer(c.optim, c.total_steps)
   init, shardings = train.train_state_initializer(model, tx, mesh)
   step = jax.jit(
       train.make_train_step(model, c, tx, schedule, mesh, MASK_ID),

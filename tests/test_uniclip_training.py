@@ -24,6 +24,7 @@ from prolip_jax import inference
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax import optimizer
 from prolip_jax import train
 from prolip_jax.objectives import uniclip as uniclip_train
 from prolip_jax.data import digits
@@ -173,7 +174,7 @@ def test_uniclip_trains_and_separates_positives(tmp_path):
   params, _ = checkpoint.load_params(workdir)
   assert set(params['uniclip']) == {'image_head', 'text_head', 'log_tau',
                                     'offset'}
-  tx, _ = train.make_optimizer(c.optim, c.total_steps)
+  tx, _ = optimizer.make_optimizer(c.optim, c.total_steps)
   init, _ = train.train_state_initializer(
       model, tx, shd.make_mesh(c.mesh),
       extra_params=functools.partial(
@@ -259,7 +260,7 @@ def test_uniclip_sharded_step_matches_single_device():
       'aug': rng.uniform(0, 1, (b, v, transforms.AUG_DIM)).astype(np.float32),
       'tokens': rng.integers(3, 60, (b, c.model.text.context_length),
                              dtype=np.int32)}
-  _, schedule = train.make_optimizer(c.optim, c.total_steps)
+  _, schedule = optimizer.make_optimizer(c.optim, c.total_steps)
   # An "optimizer" that stores the gradients as its state and leaves the
   # parameters alone: the loop's own jitted train step then hands back the
   # exact gradients it computed, with the state's shardings.

@@ -34,6 +34,7 @@ import prolip_jax
 from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import presets
+from prolip_jax import resume
 from prolip_jax import train
 from prolip_jax.data import converters
 from prolip_jax.data import record_sources
@@ -212,7 +213,7 @@ def test_resume_refuses_a_swapped_or_missing_tokenizer_before_training_one(
   a, b = tokenizers
   wd = _imported_workdir(tmp_path / 'wd', a)
   with checkpoint.manager(wd, read_only=True) as mngr:
-    stored = train._stored_config(mngr)  # pylint: disable=protected-access
+    stored = resume.stored_config(mngr)
   config = micro_config()
   config.tokenizer.model_path = ''
   shutil.copyfile(b, os.path.join(wd, checkpoint.TOKENIZER_FILE))

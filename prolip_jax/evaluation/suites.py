@@ -14,7 +14,7 @@ import importlib.util
 import json
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 

@@ -1,4 +1,6 @@
-"""The short evaluation the training loop runs on its data set's held-out part.
+"""The evaluations the training loop runs (``LoopEvaluations``): the short
+one on its data set's held-out part, and the configured evaluators
+(``config.evals``, ``evaluation/evaluators.py``); the run's final summary.
 
 ``data.name='digits'``: the 1,000 held-out digits; ``'emoji'``: the held-out
 emoji, whose names were never trained on (``heldout_data``); other sources
@@ -12,16 +14,20 @@ objective is scored in the space it trains (UniCLIP through its heads).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
+from prolip_jax import progress
+from prolip_jax import sharding as shd
 from prolip_jax.data import digits
 from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
+from prolip_jax.evaluation import sharded as sharded_eval
 from prolip_jax.evaluation.data import EvalData
 from prolip_jax.evaluation.data import digits_data
 from prolip_jax.evaluation.data import emoji_data
@@ -159,6 +165,63 @@ def difference_classification_digits(encoders: Encoders, tokenizer, config,
     out[f'diff_acc/{attr.name}'] = float(np.mean(pred == truth))
   out['diff_acc'] = float(np.mean(list(out.values())))
   return out
+
+
+class LoopEvaluations:
+  """The loop's evaluations: the held-out set of the bundled data
+  (``config.eval``: digits, emoji) and the configured evaluators
+  (``config.evals``), each writing its metrics at the step."""
+
+  def __init__(self, objective, model, config, tokenizer, mesh,
+               evals: list, writer, workdir: str, is_chief: bool):
+    self.objective, self.model, self.config = objective, model, config
+    self.tokenizer, self.mesh, self.evals = tokenizer, mesh, evals
+    self.writer, self.workdir, self.is_chief = writer, workdir, is_chief
+    self._gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
+
+  def heldout(self, state, step: int, write: bool = True
+              ) -> dict[str, float]:
+    """``train_time``'s held-out evaluation (bundled data sets only; other
+    data sets have ``config.evals``), written as ``eval/<metric>``."""
+    config = self.config
+    if config.data.name not in HELDOUT:
+      return {}
+    progress.status(f'Evaluating on the held-out {config.data.name} set '
+                    f'(step {step})', self.is_chief)
+    # Every host evaluates the same replicated parameters on the held-out set.
+    encoders = jit_encoders(self.objective, self.model,
+                                       self._gather(state.params), config)
+    size = self.model.config.vision.image_size
+    results = zero_shot_heldout(encoders, self.tokenizer, config,
+                                           size)
+    results.update(self.objective.train_eval_metrics(
+        encoders, self.tokenizer, config, size))
+    if write:
+      self.writer.write(step, {f'eval/{k}': v for k, v in results.items()})
+    return results
+
+  def configured(self, state, step: int, final: bool
+                 ) -> dict[str, float]:
+    """The ``config.evals`` due at ``step`` (all of them when ``final``),
+    embedded on the mesh where the train state lies, written as
+    ``<name>/<metric>``; their JSON files go to ``WORKDIR/evals/step_N``."""
+    due = [e for e in self.evals if e.due(step, final)]
+    if not due:
+      return {}
+    on_mesh = sharded_eval.from_training(self.objective, self.model,
+                                         state.params, self.config,
+                                         self.tokenizer, self.mesh)
+    out_dir = (os.path.join(self.workdir, 'evals', f'step_{step}')
+               if self.is_chief else '')
+    log = lambda line: progress.status(line, self.is_chief)
+    results = {}
+    for e in due:
+      log(f'Evaluator {e.name} at step {step}')
+      found = e.run(on_mesh, out_dir, log)
+      log(evaluator_line(e.name, found))
+      results.update({f'{e.name}/{k}': v for k, v in found.items()})
+    self.writer.write(step, results)
+    return results
 
 
 def _pct(x: float) -> str:
