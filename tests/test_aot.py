@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from prolip_jax import aot
+from prolip_jax import aot_targets
 from prolip_jax import aot_report
 from prolip_jax import presets
 from prolip_jax import sharding as shd
@@ -143,15 +144,15 @@ def test_analytic_flops_match_parameter_count():
 
 
 def test_topology_names():
-  assert aot.parse_topology('v5p:4x4x2') == ('v5p', 'tpu', '4x4x2')
-  assert aot.parse_topology('v5p-64') == ('v5p', 'tpu', '2x4x4')  # 32 chips
-  assert aot.parse_topology('v4-128') == ('v4', 'tpu', '4x4x4')
-  assert aot.parse_topology('v5e-256') == ('v5e', 'tpu', '16x16')
-  assert aot.parse_topology('h100') == ('h100', 'cuda', '1x1x1')
-  assert aot.parse_topology('h100:16') == ('h100', 'cuda', '1x2x8')
+  assert aot_targets.parse_topology('v5p:4x4x2') == ('v5p', 'tpu', '4x4x2')
+  assert aot_targets.parse_topology('v5p-64') == ('v5p', 'tpu', '2x4x4')  # 32 chips
+  assert aot_targets.parse_topology('v4-128') == ('v4', 'tpu', '4x4x4')
+  assert aot_targets.parse_topology('v5e-256') == ('v5e', 'tpu', '16x16')
+  assert aot_targets.parse_topology('h100') == ('h100', 'cuda', '1x1x1')
+  assert aot_targets.parse_topology('h100:16') == ('h100', 'cuda', '1x2x8')
   for bad in ('v9:2x2', 'v5e:2x2x2', 'v5p-48', 'h100:12', 'tpu'):
-    with pytest.raises(aot.TopologyError, match='known'):
-      aot.parse_topology(bad)
+    with pytest.raises(aot_targets.TopologyError, match='known'):
+      aot_targets.parse_topology(bad)
 
 
 def test_unknown_topology_is_one_line_error(capsys):
@@ -168,19 +169,19 @@ def test_missing_libtpu_says_how_to_install(monkeypatch):
   monkeypatch.setattr(importlib.util, 'find_spec',
                       lambda name, *a: None if name == 'libtpu'
                       else real(name, *a))
-  with pytest.raises(aot.ToolchainError, match=r"pip install -e '\.\[tpu\]'"):
-    aot.resolve('v5p:2x2x1')
+  with pytest.raises(aot_targets.ToolchainError, match=r"pip install -e '\.\[tpu\]'"):
+    aot_targets.resolve('v5p:2x2x1')
 
 
 @pytest.mark.skipif(importlib.util.find_spec('jax_cuda12_plugin') is not None,
                     reason='the GPU toolchain is installed here')
 def test_missing_gpu_toolchain_is_user_error():
-  with pytest.raises(aot.ToolchainError, match=r"'\.\[gpu\]'"):
-    aot.resolve('h100:1')
+  with pytest.raises(aot_targets.ToolchainError, match=r"'\.\[gpu\]'"):
+    aot_targets.resolve('h100:1')
 
 
 def test_h100_spec_parses_without_comments():
-  spec = aot.h100_spec()
+  spec = aot_targets.h100_spec()
   assert '#' not in spec and 'device_memory_size' in spec
   assert 'dnn_version_info' in spec
 
@@ -229,7 +230,7 @@ def micro_report():
   c.mesh.data = 2
   c.mesh.fsdp = 2
   c.mesh.fsdp_min_size_mb = 0.0  # split the micro model's tiny weights too
-  target = aot.resolve('v5p:2x2x1')
+  target = aot_targets.resolve('v5p:2x2x1')
   report = aot.compile_step(c, target, per_device_batch=16)
   losses = {form: aot.compile_loss(c, target, 512, form)
             for form in ('ring', 'gathered')}
@@ -309,7 +310,7 @@ def test_table_labels_estimates_and_reports_fit():
                     'install)')
 def test_micro_step_compiles_for_two_h100s():
   c = presets.load_config_file('configs/prolip_micro.py')
-  report = aot.compile_step(c, aot.resolve('h100:2'), per_device_batch=8)
+  report = aot.compile_step(c, aot_targets.resolve('h100:2'), per_device_batch=8)
   assert report['num_devices'] == 2 and report['fits']
   assert report['collectives']['collective-permute']['count'] > 0
   assert report['collectives']['all-reduce']['count'] > 0
@@ -358,6 +359,6 @@ def test_resolving_a_topology_leaves_no_tpu_worker_variables():
   before = {k: os.environ.get(k) for k in (
       'TPU_WORKER_HOSTNAMES', 'TPU_WORKER_ID', 'TPU_ACCELERATOR_TYPE',
       'TPU_SKIP_MDS_QUERY')}
-  target = aot.resolve('v5p:2x2x1')
+  target = aot_targets.resolve('v5p:2x2x1')
   assert len(target.devices) == 4
   assert {k: os.environ.get(k) for k in before} == before

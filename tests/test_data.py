@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_sample_images
 
+from prolip_jax import errors
 from prolip_jax.data import converters
 from prolip_jax.data import digits
 from prolip_jax.data import eval_data
@@ -520,9 +521,23 @@ class _FakeTfds(types.ModuleType):
     self.calls = []
     self.decode = types.SimpleNamespace(SkipDecoding=lambda: 'skip')
 
-  def data_source(self, name, split, data_dir=None, decoders=None):
-    self.calls.append((name, split, data_dir, decoders))
-    return self.datasets[(name, split)]
+    self.core = types.SimpleNamespace(DatasetNotFoundError=LookupError)
+
+  def builder(self, name, data_dir=None):
+    fake = self
+
+    class Builder:  # tfds.builder's interface as open_tfds uses it
+
+      def is_prepared(self):
+        return True
+
+      info = types.SimpleNamespace(splits={})
+
+      def as_data_source(self, split, decoders=None):
+        fake.calls.append((name, split, data_dir, decoders))
+        return fake.datasets[(name, split)]
+
+    return Builder()
 
 
 def test_tfds_sources_mocked(monkeypatch, digit_data, photos):
@@ -557,9 +572,11 @@ def test_tfds_sources_mocked(monkeypatch, digit_data, photos):
   assert imgs.shape == (5, 16, 16, 3) and labels.tolist() == [0, 1, 2, 3, 4]
   # Without the package: a clear error saying what to install.
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)
-  with pytest.raises(ImportError, match='pip install tensorflow-datasets'):
+  with pytest.raises(errors.DatasetUnavailableError,
+                     match='pip install tensorflow-datasets'):
     sources.train_source(config)
-  with pytest.raises(ImportError, match='pip install tensorflow-datasets'):
+  with pytest.raises(errors.DatasetUnavailableError,
+                     match='pip install tensorflow-datasets'):
     eval_data.zero_shot_tfds('imagenet2012')
 
 

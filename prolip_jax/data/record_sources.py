@@ -19,6 +19,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from prolip_jax import errors
 from prolip_jax.data import record_format
 from prolip_jax.data.bad_records import BAD_CAPTION
 from prolip_jax.data.bad_records import BadRecord
@@ -223,17 +224,43 @@ def tfds_source(name: str, split: str = 'train', data_dir: Optional[str] = None,
 
 def open_tfds(name: str, split: str, data_dir: Optional[str] = None,
               image_key: str = 'image'):
-  """``tfds.data_source`` with the image feature left encoded when TFDS can
-  (``SkipDecoding``): it is decoded (and checked) by our own code then."""
-  tfds = import_tfds()
-  kwargs = dict(split=split, data_dir=data_dir or None)
-  skip = getattr(getattr(tfds, 'decode', None), 'SkipDecoding', None)
-  if skip is not None and '/' not in image_key:
-    try:
-      return tfds.data_source(name, decoders={image_key: skip()}, **kwargs)
-    except TypeError:  # an older TFDS without decoders= here
-      pass
-  return tfds.data_source(name, **kwargs)
+  """A prepared TFDS data set as a random-access source (the image
+  feature left encoded). Raises ``errors.DatasetUnavailableError`` naming
+  the data set and how to prepare it, rather than letting TFDS start a
+  download (``tfds.data_source`` would download and prepare it)."""
+  try:
+    tfds = import_tfds()
+  except ImportError as e:
+    raise errors.DatasetUnavailableError(str(e)) from e
+  try:
+    builder = tfds.builder(name, data_dir=data_dir or None)
+  except tfds.core.DatasetNotFoundError as e:
+    raise errors.DatasetUnavailableError(
+        f'TFDS has no data set {name!r}') from e
+  if not builder.is_prepared():
+    manual = (' (ImageNet: put ILSVRC2012_img_val.tar in DIR/downloads/manual '
+              'first)' if name.startswith('imagenet2012') else '')
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} is not prepared under {builder.data_dir}: '
+        f'prepare it with `tfds build {name} --data_dir DIR '
+        f'--file_format=array_record`{manual}, then pass DIR as '
+        'data.tfds_data_dir (training data) or eval.tfds_data_dir '
+        '(evaluators)')
+  splits = builder.info.splits
+  if splits and split not in splits:
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} has no split {split!r} (has '
+        f'{", ".join(sorted(splits))})')
+  # Images stay encoded: decoded (and checked) by our own code.
+  decoders = ({image_key: tfds.decode.SkipDecoding()} if '/' not in image_key
+              else None)
+  try:
+    return builder.as_data_source(split, decoders=decoders)
+  except (NotImplementedError, ValueError, FileNotFoundError) as e:
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} under {builder.data_dir} cannot be read at '
+        f'random ({e}); it needs array_record files: `tfds build {name} '
+        '--file_format=array_record`') from e
 
 
 def caption_corpus(source: Sequence[dict], max_sentences: int = 1_000_000,

@@ -36,7 +36,7 @@ import numpy as np
 
 from prolip_jax import errors
 from prolip_jax.data import eval_data
-from prolip_jax.data import records
+from prolip_jax.data import record_sources
 from prolip_jax.evaluation import data as bundled
 from prolip_jax.evaluation.sharded import ImageSet
 
@@ -71,43 +71,6 @@ class RetrievalSet:
   images: ImageSet
   captions: list[str]
   image_of_text: np.ndarray
-
-
-def open_tfds(name: str, split: str, data_dir: str = '',
-              image_key: str = 'image'):
-  """A prepared TFDS data set as a random-access source (image left
-  encoded). Raises ``DatasetUnavailableError`` naming the data set and how
-  to prepare it, rather than letting TFDS start a download."""
-  try:
-    tfds = records.import_tfds()
-  except ImportError as e:
-    raise errors.DatasetUnavailableError(str(e)) from e
-  try:
-    builder = tfds.builder(name, data_dir=data_dir or None)
-  except tfds.core.DatasetNotFoundError as e:
-    raise errors.DatasetUnavailableError(
-        f'TFDS has no data set {name!r}') from e
-  if not builder.is_prepared():
-    manual = (' (ImageNet: put ILSVRC2012_img_val.tar in DIR/downloads/manual '
-              'first)' if name.startswith('imagenet2012') else '')
-    raise errors.DatasetUnavailableError(
-        f'TFDS data set {name} is not prepared under {builder.data_dir}: '
-        f'prepare it with `tfds build {name} --data_dir DIR '
-        f'--file_format=array_record`{manual} and set the evaluator\'s '
-        'data_dir to DIR')
-  splits = builder.info.splits
-  if splits and split not in splits:
-    raise errors.DatasetUnavailableError(
-        f'TFDS data set {name} has no split {split!r} (has '
-        f'{", ".join(sorted(splits))})')
-  decoders = {image_key: tfds.decode.SkipDecoding()}
-  try:
-    return builder.as_data_source(split, decoders=decoders)
-  except (NotImplementedError, ValueError, FileNotFoundError) as e:
-    raise errors.DatasetUnavailableError(
-        f'TFDS data set {name} under {builder.data_dir} cannot be read at '
-        f'random ({e}); it needs array_record files: `tfds build {name} '
-        '--file_format=array_record`') from e
 
 
 def _field(record: dict, key: str) -> Any:
@@ -154,7 +117,7 @@ def zero_shot_set(cfg) -> ZeroShotSet:
           f'{", ".join(sorted(eval_data.TFDS_DATASETS))})')
     meta = eval_data.metadata(asset) if asset else {'templates': (),
                                                     'classes': ()}
-    source = open_tfds(name, split, cfg.get('data_dir', ''))
+    source = record_sources.open_tfds(name, split, cfg.get('data_dir', ''))
 
     def get(i):
       record = source[i]
@@ -229,7 +192,7 @@ def retrieval_set(cfg) -> RetrievalSet:
         name, ('image', 'caption', 'test'))
     caption_key = cfg.get('caption_key', '') or caption_key
     name, split = _tfds_parts(rest, default_split)
-    source = open_tfds(name, split, cfg.get('data_dir', ''), image_key)
+    source = record_sources.open_tfds(name, split, cfg.get('data_dir', ''), image_key)
     # The captions are needed on every host (all of them are ranked against
     # every image); read once here, images later by the hosts' workers.
     captions, owner = [], []
@@ -287,7 +250,7 @@ def available(cfg) -> Optional[str]:
       default = (TFDS_RETRIEVAL.get(name, (None, None, None))[2]
                  or eval_data.TFDS_DATASETS.get(name, (None, 'test'))[1])
       name, split = _tfds_parts(rest, default)
-      open_tfds(name, split, cfg.get('data_dir', ''))
+      record_sources.open_tfds(name, split, cfg.get('data_dir', ''))
     elif scheme in ('folder',) and not os.path.isdir(rest):
       return f'{cfg.data}: no folder {rest}'
     elif scheme == 'jsonl' and not os.path.isfile(rest):
