@@ -2,7 +2,9 @@
 
 Each process has 2 CPU devices; together they form a 4-device mesh, talk over
 Gloo, feed only their half of every global batch and write one collective
-Orbax checkpoint. Their loss curve must match one process with 4 devices.
+Orbax checkpoint. Their loss curve must match one process with 4 devices, and
+so must their configured evaluator (each process decodes half of every eval
+batch; the embeddings are gathered on both).
 """
 
 import json
@@ -32,29 +34,52 @@ def _env(devices):
   return env
 
 
-def _cmd(workdir, extra=()):
-  return [sys.executable, '-m', 'prolip_jax.main', f'--config={CONFIG}',
+def _config_with_evaluator(tmp_path) -> str:
+  """The micro config plus a zero-shot evaluator on the held-out digits,
+  run at the end of training."""
+  path = tmp_path / 'micro_with_eval.py'
+  path.write_text(
+      'from prolip_jax import presets\n'
+      'def get_config():\n'
+      f'  c = presets.load_config_file({CONFIG!r})\n'
+      "  c.evals = {'digits_zs': {'kind': 'zero_shot', "
+      "'data': 'digits:heldout', 'every_steps': 0, 'batch_size': 200}}\n"
+      '  return c\n')
+  return str(path)
+
+
+def _cmd(workdir, extra=(), config=CONFIG):
+  return [sys.executable, '-m', 'prolip_jax.main', f'--config={config}',
           f'--workdir={workdir}', f'--config.total_steps={STEPS}',
           '--config.batch_size=32', '--config.mesh.data=-1', *extra]
 
 
+def _rows(workdir):
+  return [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+
+
 def _losses(workdir):
-  rows = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-  return [r['loss'] for r in rows if 'loss' in r]
+  return [r['loss'] for r in _rows(workdir) if 'loss' in r]
+
+
+def _evaluated(workdir):
+  return [r for r in _rows(workdir) if 'digits_zs/csd_top1' in r]
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
+  config = _config_with_evaluator(tmp_path)
   single = str(tmp_path / 'single')
-  subprocess.run(_cmd(single), env=_env(4), check=True, cwd=REPO,
-                 timeout=600, capture_output=True)
+  subprocess.run(_cmd(single, config=config), env=_env(4), check=True,
+                 cwd=REPO, timeout=600, capture_output=True)
 
   multi = str(tmp_path / 'multi')
   port = _free_port()
   procs = [
       subprocess.Popen(
           _cmd(multi, [f'--coordinator_address=127.0.0.1:{port}',
-                       '--num_processes=2', f'--process_id={i}']),
+                       '--num_processes=2', f'--process_id={i}'],
+               config=config),
           env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
           stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
@@ -76,3 +101,10 @@ def test_two_processes_match_one_process(tmp_path):
   np.testing.assert_allclose(two, one, rtol=1e-5)
   assert one[-1] != one[0]  # it trained
   assert os.path.isdir(os.path.join(multi, 'checkpoints', str(STEPS)))
+  # The evaluator: one row at the last step, the same numbers (1,000 digits;
+  # parameters equal to float tolerance, so at most a tie may flip).
+  (ev_one,), (ev_two,) = _evaluated(single), _evaluated(multi)
+  assert ev_one['step'] == ev_two['step'] == STEPS
+  for key in ('digits_zs/csd_top1', 'digits_zs/cosine_top5'):
+    assert ev_two[key] == pytest.approx(ev_one[key], abs=2e-3)
+  assert 'digits_zs: csd_top1' in outputs[0]
