@@ -23,6 +23,7 @@ from prolip_jax.evaluation.context import Context
 from prolip_jax.evaluation.context import SkipSuite
 from prolip_jax.evaluation.data import load_data
 from prolip_jax.evaluation.embedder import Embedder
+from prolip_jax.evaluation.report import format_table
 
 SUITES = {
     'zero_shot': zero_shot.suite_zero_shot,
@@ -49,22 +50,6 @@ def _jsonable(x):
   if isinstance(x, (np.bool_,)):
     return bool(x)
   return x
-
-
-def format_table(metrics: dict[str, float]) -> str:
-  """``suite  metric  value`` rows for the printed summary."""
-  rows = []
-  for name in metrics:
-    suite, _, key = name.partition('/')
-    rows.append((suite, key, metrics[name]))
-  w1 = max([len(r[0]) for r in rows] + [5])
-  w2 = max([len(r[1]) for r in rows] + [6])
-  lines = [f'{"suite":{w1}s}  {"metric":{w2}s}  value',
-           '-' * (w1 + w2 + 12)]
-  for suite, key, v in rows:
-    val = f'{v:.4g}' if isinstance(v, float) else str(v)
-    lines.append(f'{suite:{w1}s}  {key:{w2}s}  {val}')
-  return '\n'.join(lines)
 
 
 def run(model, config, out_dir: Optional[str] = None,

@@ -1,0 +1,138 @@
+"""The look of every figure the library draws, set in one place.
+
+Figures are drawn with matplotlib's Agg backend (no display needed) inside
+``style()``, whose rc settings give at least 8 pt text at the saved size
+(``DPI``; the docs show the PNGs at that size) and constrained layout, so
+labels of neighbouring axes do not overlap. ``log_axis`` puts a log axis with
+at least four labelled ticks, whatever its range. ``save`` writes the PNG.
+
+matplotlib is a runtime dependency of the figures only: importing this
+module does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Callable, Iterator
+
+import numpy as np
+
+# Saved resolution: a 6-inch-wide figure is 600 px, 1 pt = DPI / 72 px.
+DPI = 100
+
+# Sizes in points at DPI; the smallest text (ticks, legends, in-cell
+# annotations) is 9 pt.
+STYLE = {
+    'font.size': 10,
+    'axes.titlesize': 11,
+    'axes.labelsize': 10,
+    'xtick.labelsize': 9,
+    'ytick.labelsize': 9,
+    'legend.fontsize': 9,
+    'legend.title_fontsize': 9,
+    'figure.titlesize': 11,
+    'figure.constrained_layout.use': True,
+    'savefig.dpi': DPI,
+}
+
+SMALLEST_FONT_PT = 9
+
+
+def pyplot():
+  """``matplotlib.pyplot`` on the Agg backend (imported on first use)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg', force=False)
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+@contextlib.contextmanager
+def style() -> Iterator[None]:
+  """rc settings of ``STYLE`` for the figures created inside (text sizes
+  are fixed when a text is made, so figures must be built, not only saved,
+  inside)."""
+  with pyplot().rc_context(STYLE):
+    yield
+
+
+def styled(fn: Callable) -> Callable:
+  """Decorator: builds ``fn``'s figure inside ``style()``."""
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    with style():
+      return fn(*args, **kwargs)
+
+  return wrapper
+
+
+# Tick positions within a decade, coarse to fine; ``log_axis`` takes the
+# first that labels at least ``min_labels`` ticks in view.
+_SUBS = (
+    (1.0,),
+    (1.0, 3.0),
+    (1.0, 2.0, 5.0),
+    (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0),
+    tuple(np.arange(1.0, 10.0, 0.5)),
+    tuple(np.arange(1.0, 10.0, 0.2)),
+    tuple(np.arange(1.0, 10.0, 0.1)),
+)
+
+
+def _label(value: float, _pos=None) -> str:
+  """Tick text: at most three significant digits, no trailing zeros."""
+  if value == 0:
+    return '0'
+  exponent = int(np.floor(np.log10(abs(value))))
+  if -3 <= exponent <= 3:
+    return f'{value:.3g}'
+  mantissa = value / 10.0**exponent
+  m = f'{mantissa:.2g}'
+  return (rf'$10^{{{exponent}}}$' if m == '1' else
+          rf'${m}\times10^{{{exponent}}}$')
+
+
+def log_ticks_in(lo: float, hi: float, min_labels: int = 4,
+                 max_labels: int = 8) -> np.ndarray:
+  """The labelled tick positions ``log_axis`` uses for a view ``[lo, hi]``
+  (``0 < lo < hi``): the coarsest decade subdivision giving at least
+  ``min_labels`` ticks, every other one dropped while over ``max_labels``."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  ticks = np.array([])
+  for subs in _SUBS:
+    loc = ticker.LogLocator(base=10.0, subs=subs, numticks=12)
+    ticks = np.asarray(loc.tick_values(lo, hi))
+    ticks = ticks[(ticks >= lo * (1 - 1e-9)) & (ticks <= hi * (1 + 1e-9))]
+    if len(ticks) >= min_labels:
+      break
+  while len(ticks) > max_labels and len(ticks[::2]) >= min_labels:
+    ticks = ticks[::2]
+  return ticks
+
+
+def log_axis(ax, which: str = 'y', min_labels: int = 4) -> None:
+  """Log scale on ``ax``'s ``which`` axis ('x' or 'y') with at least
+  ``min_labels`` labelled ticks in the current view (finer subdivisions of
+  a decade when the data span less than a few decades), labels like
+  ``0.22`` or ``2×10⁻⁵``, unlabelled minor ticks. Call after plotting, when
+  the view limits are known."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  axis = ax.yaxis if which == 'y' else ax.xaxis
+  (ax.set_yscale if which == 'y' else ax.set_xscale)('log')
+  lo, hi = sorted((ax.get_ylim() if which == 'y' else ax.get_xlim()))
+  ticks = log_ticks_in(lo, hi, min_labels)
+  axis.set_major_locator(ticker.FixedLocator(ticks))
+  axis.set_major_formatter(ticker.FuncFormatter(_label))
+  axis.set_minor_locator(ticker.LogLocator(base=10.0, subs='auto'))
+  axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def save(fig, path: str, dpi: int = DPI) -> str:
+  """Writes ``fig`` as a PNG at ``dpi`` and closes it; returns the path."""
+  plt = pyplot()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=dpi, format='png')
+  plt.close(fig)
+  return path
