@@ -302,6 +302,7 @@ def fig_inclusion_hist(tests: dict[str, dict], eps: float = 0.0):
   (name -> ``inclusion_test`` output); positive = the view includes the
   original. Values are sign-preserving log-scaled: sign(H) log10(1 + |H|)."""
   plt = plotting.pyplot()
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   n = len(tests)
   ncols = min(n, 3)
   nrows = -(-n // ncols)
@@ -319,7 +320,10 @@ def fig_inclusion_hist(tests: dict[str, dict], eps: float = 0.0):
     ax.set_title(_wrap(f'H(orig ⊂ {name})', 34))
     ax.set_xlabel(r'sign(H) $\log_{10}$(1+|H|)' + (f', eps={eps:g}'
                                                     if eps else ''))
-    ax.legend()
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(5))
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # headroom for the legend
+    ax.legend(loc='upper center', ncols=2, columnspacing=1.0,
+              handlelength=1.2)
   for ax in axes.ravel()[n:]:
     fig.delaxes(ax)
   return fig
