@@ -131,6 +131,9 @@ def run(argv: Sequence[str]) -> int:
   def body():
     fv = parse(argv)
     logging.set_verbosity(logging.ERROR)
+    # As training does: no TPU runtime warnings on a machine without one.
+    from prolip_jax import main as train_cli  # pylint: disable=g-import-not-at-top
+    train_cli._cpu_only_without_accelerators()  # pylint: disable=protected-access
     from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
     runner.run(fv.workdir, fv.config, fv.out, fv.step,
                log=lambda s: print(s, flush=True))
