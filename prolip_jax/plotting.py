@@ -101,17 +101,22 @@ def log_ticks_in(lo: float, hi: float, min_labels: int = 4,
                  max_labels: int = 8) -> np.ndarray:
   """The labelled tick positions ``log_axis`` uses for a view ``[lo, hi]``
   (``0 < lo < hi``): the coarsest decade subdivision giving at least
-  ``min_labels`` ticks, every other one dropped while over ``max_labels``."""
-  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  ``min_labels`` ticks, every other one dropped (keeping the rounder half)
+  while over ``max_labels``."""
+  # Positions computed here rather than by LogLocator, which switches to
+  # linear ticks when a sub-decade view holds at most one of its ticks.
+  decades = np.arange(np.floor(np.log10(lo)), np.ceil(np.log10(hi)) + 1)
   ticks = np.array([])
   for subs in _SUBS:
-    loc = ticker.LogLocator(base=10.0, subs=subs, numticks=12)
-    ticks = np.asarray(loc.tick_values(lo, hi))
+    stride = max(1, int(np.ceil(len(decades) / 10))) if len(subs) == 1 else 1
+    ticks = np.unique(np.outer(10.0**decades[::stride], subs).ravel())
     ticks = ticks[(ticks >= lo * (1 - 1e-9)) & (ticks <= hi * (1 + 1e-9))]
     if len(ticks) >= min_labels:
       break
   while len(ticks) > max_labels and len(ticks[::2]) >= min_labels:
-    ticks = ticks[::2]
+    # Of the two halves, the one with the rounder values (shorter labels).
+    halves = [h for h in (ticks[::2], ticks[1::2]) if len(h) >= min_labels]
+    ticks = min(halves, key=lambda h: sum(len(_label(t)) for t in h))
   return ticks
 
 
