@@ -84,17 +84,27 @@ _SUBS = (
 )
 
 
-def _label(value: float, _pos=None) -> str:
-  """Tick text: at most three significant digits, no trailing zeros."""
+def _label(value: float, _pos=None, digits: int = 3) -> str:
+  """Tick text: at most ``digits`` significant digits, no trailing zeros."""
   if value == 0:
     return '0'
   exponent = int(np.floor(np.log10(abs(value))))
   if -3 <= exponent <= 3:
-    return f'{value:.3g}'
+    return f'{value:.{digits}g}'
   mantissa = value / 10.0**exponent
-  m = f'{mantissa:.2g}'
+  m = f'{mantissa:.{max(digits - 1, 1)}g}'
   return (rf'$10^{{{exponent}}}$' if m == '1' else
           rf'${m}\times10^{{{exponent}}}$')
+
+
+def tick_labels(ticks) -> list[str]:
+  """``_label`` of each tick with the fewest significant digits (3 or more)
+  that keep neighbouring labels distinct."""
+  for digits in range(3, 10):
+    labels = [_label(t, digits=digits) for t in ticks]
+    if len(set(labels)) == len(labels):
+      return labels
+  return labels
 
 
 def log_ticks_in(lo: float, hi: float, min_labels: int = 4,
@@ -113,6 +123,15 @@ def log_ticks_in(lo: float, hi: float, min_labels: int = 4,
     ticks = ticks[(ticks >= lo * (1 - 1e-9)) & (ticks <= hi * (1 + 1e-9))]
     if len(ticks) >= min_labels:
       break
+  if len(ticks) < min_labels:
+    # Under ~10% of a decade the axis is linear to the eye: linear ticks.
+    from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+    for nbins in range(min_labels, 13):
+      ticks = np.asarray(ticker.MaxNLocator(
+          nbins=nbins, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi))
+      ticks = ticks[(ticks >= lo * (1 - 1e-9)) & (ticks <= hi * (1 + 1e-9))]
+      if len(ticks) >= min_labels:
+        break
   while len(ticks) > max_labels and len(ticks[::2]) >= min_labels:
     # Of the two halves, the one with the rounder values (shorter labels).
     halves = [h for h in (ticks[::2], ticks[1::2]) if len(h) >= min_labels]
@@ -132,7 +151,7 @@ def log_axis(ax, which: str = 'y', min_labels: int = 4) -> None:
   lo, hi = sorted((ax.get_ylim() if which == 'y' else ax.get_xlim()))
   ticks = log_ticks_in(lo, hi, min_labels)
   axis.set_major_locator(ticker.FixedLocator(ticks))
-  axis.set_major_formatter(ticker.FuncFormatter(_label))
+  axis.set_major_formatter(ticker.FixedFormatter(tick_labels(ticks)))
   axis.set_minor_locator(ticker.LogLocator(base=10.0, subs='auto'))
   axis.set_minor_formatter(ticker.NullFormatter())
 

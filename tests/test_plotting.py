@@ -18,16 +18,16 @@ matplotlib = pytest.importorskip('matplotlib')
 
 @pytest.mark.parametrize('lo, hi', [
     (0.15, 0.28), (2.0e-3, 3.1e-3), (1e-5, 1e-1), (1e-10, 1e3), (0.9, 1.2),
-    (3e-4, 5e-3)])
+    (3e-4, 5e-3), (0.23, 0.245)])
 def test_log_ticks_label_at_least_four_round_values_in_view(lo, hi):
   ticks = plotting.log_ticks_in(lo, hi)
   assert 4 <= len(ticks) <= 8, ticks
   assert np.all(np.diff(ticks) > 0)
   assert ticks[0] >= lo * (1 - 1e-9) and ticks[-1] <= hi * (1 + 1e-9)
-  # Round values: a mantissa with at most two significant digits.
+  # Round values: a mantissa with at most three significant digits.
   for t in ticks:
     mantissa = t / 10.0**np.floor(np.log10(t))
-    assert abs(mantissa * 10 - round(mantissa * 10)) < 1e-6, t
+    assert abs(mantissa * 100 - round(mantissa * 100)) < 1e-6, t
 
 
 def test_tick_labels_are_short():
@@ -35,6 +35,9 @@ def test_tick_labels_are_short():
   assert plotting._label(0.00258) == '0.00258'  # pylint: disable=protected-access
   assert plotting._label(1e-5) == '$10^{-5}$'  # pylint: disable=protected-access
   assert plotting._label(2e-5) == r'$2\times10^{-5}$'  # pylint: disable=protected-access
+  # Enough digits to tell neighbours apart on a narrow axis.
+  assert plotting.tick_labels([0.23, 0.2301, 0.2302]) == [
+      '0.23', '0.2301', '0.2302']
 
 
 def _figures():
