@@ -22,11 +22,11 @@ embeddings, so they work on any model's output:
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import numpy as np
 
+from prolip_jax import plotting
 from prolip_jax.losses import inclusion_hypothesis
 
 
@@ -198,13 +198,6 @@ def num_tokens(tokens: np.ndarray, pad_id: int) -> np.ndarray:
 # axes (documented), drawn with the Agg backend.
 
 
-def _plt():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg', force=False)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
-
-
 def _log_bins(*arrays, n=40):
   vals = np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
   vals = vals[vals > 0]
@@ -214,28 +207,30 @@ def _log_bins(*arrays, n=40):
   return np.geomspace(lo / 1.05, hi * 1.05, n)
 
 
+@plotting.styled
 def fig_sigma2_hist(sig2_img, sig2_txt, title: str = ''):
   """Fig. 5: histograms of sigma^2 for images and texts (1 axis, log x)."""
-  plt = _plt()
+  plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(6, 3.6))
   bins = _log_bins(sig2_img, sig2_txt)
   ax.hist(sig2_img, bins=bins, alpha=0.6, label=f'images (n={len(sig2_img)})',
           color='tab:blue', density=True)
   ax.hist(sig2_txt, bins=bins, alpha=0.6, label=f'texts (n={len(sig2_txt)})',
           color='tab:orange', density=True)
-  ax.set_xscale('log')
+  ax.set_xlim(bins[0], bins[-1])
+  plotting.log_axis(ax, 'x')
   ax.set_xlabel(r'$\sigma^2 = \mathrm{tr}(\Sigma)$')
   ax.set_ylabel('density')
-  ax.set_title(title or r'$\sigma_v^2$ vs $\sigma_t^2$')
+  ax.set_title(title or r'$\sigma_v^2$ of images vs $\sigma_t^2$ of texts')
   ax.legend()
-  fig.tight_layout()
   return fig
 
 
+@plotting.styled
 def fig_sigma2_vs_length(lengths, sig2_txt, rho: float):
   """Fig. 6: sigma_t^2 against caption length in tokens (1 axis): every
   caption as a point, the median per length as a line."""
-  plt = _plt()
+  plt = plotting.pyplot()
   lengths = np.asarray(lengths)
   sig2_txt = np.asarray(sig2_txt)
   fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -245,64 +240,73 @@ def fig_sigma2_vs_length(lengths, sig2_txt, rho: float):
   uniq = np.unique(lengths)
   med = [np.median(sig2_txt[lengths == u]) for u in uniq]
   ax.plot(uniq, med, color='black', marker='o', ms=3, label='median')
-  ax.set_yscale('log')
+  plotting.log_axis(ax, 'y')
   ax.set_xlabel('caption length (tokens)')
   ax.set_ylabel(r'$\sigma_t^2$')
   ax.set_title(rf'$\sigma_t^2$ vs length (Spearman $\rho$ = {rho:.3f})')
   ax.legend()
-  fig.tight_layout()
   return fig
 
 
+@plotting.styled
 def fig_sigma2_by_level(sig2_levels, level_names: Sequence[str],
                         pairwise: Optional[np.ndarray] = None):
   """Fig. 7 (+ C.4): sigma_t^2 per hierarchy level as box plots (axis 1) and
   the level-vs-level fraction matrix (axis 2 and its colour bar: 3 axes when
-  ``pairwise`` is given, else 1)."""
-  plt = _plt()
+  ``pairwise`` is given, else 1). Level i is labelled ``Li`` with its name
+  from ``level_names`` under it."""
+  plt = plotting.pyplot()
   s = np.asarray(sig2_levels)
+  L = s.shape[1]
   ncols = 2 if pairwise is not None else 1
-  fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 3.8),
-                           squeeze=False)
+  fig, axes = plt.subplots(1, ncols, figsize=(4.6 * ncols, 4.0),
+                           squeeze=False,
+                           width_ratios=[1.25, 1][:ncols])
   ax = axes[0, 0]
-  ax.boxplot([s[:, i] for i in range(s.shape[1])], showfliers=False)
-  ax.set_xticks(range(1, s.shape[1] + 1))
-  ax.set_xticklabels([f'L{i}' for i in range(s.shape[1])])
-  ax.set_yscale('log')
-  ax.set_xlabel('hierarchy level (0 = most general)')
+  ax.boxplot([s[:, i] for i in range(L)], showfliers=False)
+  plotting.log_axis(ax, 'y')
+  ax.set_xticks(range(1, L + 1))
+  ax.set_xticklabels([f'L{i}\n{_wrap(n, 12)}'
+                      for i, n in enumerate(level_names)])
+  ax.set_xlabel('hierarchy level (L0 = most general)')
   ax.set_ylabel(r'$\sigma_t^2$')
   ax.set_title(r'$\sigma_t^2$ by caption level')
   if pairwise is not None:
     ax2 = axes[0, 1]
     im = ax2.imshow(np.asarray(pairwise), vmin=0, vmax=1, cmap='viridis')
-    L = s.shape[1]
     for i in range(L):
       for j in range(L):
         if i != j:
           ax2.text(j, i, f'{pairwise[i][j]:.2f}', ha='center', va='center',
                    color='white' if pairwise[i][j] < 0.6 else 'black',
-                   fontsize=8)
+                   fontsize=plotting.SMALLEST_FONT_PT)
     ax2.set_xticks(range(L))
     ax2.set_yticks(range(L))
     ax2.set_xticklabels([f'L{i}' for i in range(L)])
     ax2.set_yticklabels([f'L{i}' for i in range(L)])
+    ax2.set_xlabel('column level')
+    ax2.set_ylabel('row level')
     ax2.set_title(r'P($\sigma^2_{row} > \sigma^2_{col}$)')
     fig.colorbar(im, ax=ax2, fraction=0.046)
-  names = '; '.join(f'L{i}: {n}' for i, n in enumerate(level_names))
-  fig.text(0.01, 0.005, names, fontsize=6, va='bottom')
-  fig.tight_layout(rect=(0, 0.05, 1, 1))
   return fig
 
 
+def _wrap(text: str, width: int) -> str:
+  import textwrap  # pylint: disable=g-import-not-at-top
+  return '\n'.join(textwrap.wrap(str(text), width)) or str(text)
+
+
+@plotting.styled
 def fig_inclusion_hist(tests: dict[str, dict], eps: float = 0.0):
   """Fig. 8: histograms of H(orig ⊂ view), one axis per view in ``tests``
   (name -> ``inclusion_test`` output); positive = the view includes the
   original. Values are sign-preserving log-scaled: sign(H) log10(1 + |H|)."""
-  plt = _plt()
+  plt = plotting.pyplot()
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   n = len(tests)
   ncols = min(n, 3)
   nrows = -(-n // ncols)
-  fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows),
+  fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.9 * nrows),
                            squeeze=False)
   for ax, (name, t) in zip(axes.ravel(), tests.items()):
     h = np.asarray(t['h'])
@@ -313,22 +317,27 @@ def fig_inclusion_hist(tests: dict[str, dict], eps: float = 0.0):
             label=f'H>0: {t["positive_fraction"]:.1%}')
     ax.hist(v[h <= 0], bins=bins, color='tab:gray', alpha=0.8, label='H≤0')
     ax.axvline(0, color='black', lw=0.8)
-    ax.set_title(f'H(orig ⊂ {name})', fontsize=10)
+    ax.set_title(_wrap(f'H(orig ⊂ {name})', 34))
     ax.set_xlabel(r'sign(H) $\log_{10}$(1+|H|)' + (f', eps={eps:g}'
                                                     if eps else ''))
-    ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(5))
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # headroom for the legend
+    ax.legend(loc='upper center', ncols=2, columnspacing=1.0,
+              handlelength=1.2)
   for ax in axes.ravel()[n:]:
     fig.delaxes(ax)
-  fig.tight_layout()
   return fig
 
 
+@plotting.styled
 def fig_extreme_images(images, sig2, most, least):
   """Fig. 4 (images): the most (top row) and least (bottom row) uncertain
   images with their sigma_v^2 (``2 * k`` axes, k = len(most))."""
-  plt = _plt()
+  plt = plotting.pyplot()
   k = max(len(most), len(least))
-  fig, axes = plt.subplots(2, k, figsize=(1.3 * k, 3.1), squeeze=False)
+  fig, axes = plt.subplots(2, k, figsize=(1.05 * k + 0.6, 3.0),
+                           squeeze=False)
+  fig.get_layout_engine().set(h_pad=0.08, hspace=0.08)
   for row, (idx, label) in enumerate(((most, 'most'), (least, 'least'))):
     for col in range(k):
       ax = axes[row, col]
@@ -337,19 +346,15 @@ def fig_extreme_images(images, sig2, most, least):
       if col < len(idx):
         img = np.asarray(images[idx[col]])
         ax.imshow(img, cmap='gray' if img.ndim == 2 else None)
-        ax.set_title(f'{sig2[idx[col]]:.3g}', fontsize=7)
+        ax.set_title(f'{sig2[idx[col]]:.3g}',
+                     fontsize=plotting.SMALLEST_FONT_PT)
       if col == 0:
-        ax.set_ylabel(f'{label}\nuncertain', fontsize=8)
-  fig.suptitle(r'images by $\sigma_v^2$', fontsize=9)
-  fig.tight_layout()
+        ax.set_ylabel(f'{label}\nuncertain')
+  fig.suptitle(r'held-out images by $\sigma_v^2$ (value above each image)')
   return fig
 
 
-def save_figure(fig, path: str, dpi: int = 90) -> str:
-  """Writes ``fig`` as PNG (small: palette-free RGBA at ``dpi``) and closes
-  it; returns the path."""
-  plt = _plt()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=dpi, format='png')
-  plt.close(fig)
-  return path
+def save_figure(fig, path: str, dpi: int = plotting.DPI) -> str:
+  """Writes ``fig`` as a PNG at ``dpi`` (``plotting.save``) and closes it;
+  returns the path."""
+  return plotting.save(fig, path, dpi)

@@ -15,9 +15,10 @@ from PIL import Image
 
 from prolip_jax import embedding
 from prolip_jax import evaluate
+from prolip_jax.evaluation import cli as eval_cli
 from prolip_jax.evaluation import embedder as eval_embedder
 from prolip_jax.evaluation import metrics as eval_metrics
-from prolip_jax.evaluation import runner as eval_runner
+from prolip_jax.evaluation import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,12 +128,95 @@ def test_embed_in_batches_tuple_inputs_and_progress():
   assert stream.getvalue().strip().splitlines()[-1].startswith('x: 3/3')
 
 
-def test_format_table():
-  table = eval_runner.format_table({'a/b': 0.5, 'a/c': 3, 'long_suite/x': 1e-4})
+def test_format_table_in_trainings_units():
+  # Fractions chosen so that each expected string is computed by hand:
+  # 0.95 -> 95.0%, 0.9996 -> 100.0% (one decimal), R@k grouped.
+  metrics = {
+      'zero_shot/csd_top1': 0.95, 'zero_shot/cosine_top1': 0.947,
+      'retrieval/csd_i2t_R@1': 0.4, 'retrieval/csd_i2t_R@5': 0.8125,
+      'retrieval/csd_i2t_R@10': 0.9996,
+      'retrieval/cosine_t2i_R@1': 0.25, 'retrieval/cosine_t2i_R@5': 0.5,
+      'uncertainty/sigma2_per_dim_img_mean': 0.165 / 64,
+      'uncertainty/sigma2_trace_img_mean': 0.165,
+      'uncertainty/txt_more_uncertain_than_img': 0.996,
+      'uncertainty/spearman_level_sigma2': -0.6012,
+      'uncertainty/inclusion_positive/image_75pct_patches_dropped': 1.0,
+      'bprw/fewshot5_top1': 0.937,
+      'traversal/null_root_R@1': 0.1,
+      'filtering/auc': 0.9712, 'filtering/total': 1000,
+      'other/new_metric': 1e-4,
+  }
+  table = report.format_table(metrics)
   lines = table.splitlines()
   assert lines[0].split() == ['suite', 'metric', 'value']
-  assert lines[2].split() == ['a', 'b', '0.5']
-  assert lines[4].split() == ['long_suite', 'x', '0.0001']
+  rows = {}
+  for line in lines[2:-1]:
+    suite, rest = line.split(None, 1)
+    label, value = rest.rsplit('  ', 1)
+    rows[(suite, label.strip())] = value.strip()
+  assert rows == {
+      # The labels training's summary uses (train_time.format_summary).
+      ('zero_shot', 'zero-shot top-1, CSD'): '95.0%',
+      ('zero_shot', 'zero-shot top-1, cosine'): '94.7%',
+      ('retrieval', 'retrieval image -> text R@1/5/10, CSD'):
+          '40.0% / 81.2% / 100.0%',
+      ('retrieval', 'retrieval text -> image R@1/5, cosine'): '25.0% / 50.0%',
+      ('uncertainty', 'mean sigma^2 per dimension, images'): '0.00258',
+      ('uncertainty', 'mean sigma^2 = tr(Sigma) (trace), images'): '0.165',
+      ('uncertainty', 'caption sigma^2 > its image sigma^2'): '99.6%',
+      ('uncertainty', 'Spearman(level, sigma^2)'): '-0.60',
+      ('uncertainty', 'H(orig in view) > 0, image, 75% patches dropped'):
+          '100.0%',
+      ('bprw', 'top-1, 5-shot EM weights'): '93.7%',
+      ('traversal', 'empty-caption [ROOT] R@1'): '10.0%',
+      ('filtering', 'AUC, original vs shuffled pairs'): '0.971',
+      ('filtering', 'pairs scored'): '1,000',
+      ('other', 'new_metric'): '0.0001',  # no rule: its key, a number
+  }
+  assert 'fractions' in lines[-1]
+  # The row order follows the metrics (recalls at their first R@k).
+  assert [l.split()[0] for l in lines[2:5]] == ['zero_shot', 'zero_shot',
+                                                'retrieval']
+
+
+def test_format_table_uses_the_training_summarys_percentages():
+  from prolip_jax.evaluation import train_time  # pylint: disable=g-import-not-at-top
+  train = train_time.format_summary({
+      'step': 1, 'checkpoint': 'c', 'eval': {'zeroshot_csd_top1': 0.9473}})
+  table = report.format_table({'zero_shot/csd_top1': 0.9473})
+  line = [l for l in train.splitlines() if 'zero-shot top-1, CSD' in l][0]
+  assert line.split()[-1] == table.splitlines()[2].split()[-1] == '94.7%'
+
+
+def test_evaluate_help_lists_the_commands_flags(capsys):
+  assert eval_cli.run(['evaluate', '--help']) == 0
+  out = capsys.readouterr().out
+  for flag in ('--workdir', '--config', '--out', '--step',
+               '--config.KEY=VALUE', '--config.data.per_class'):
+    assert flag in out, flag
+  assert 'Try --helpfull' not in out
+
+
+@pytest.mark.parametrize('args, message', [
+    ([], '--workdir is required'),
+    (['--workdir=w', '--config=/no/such.py'], "'/no/such.py' not found"),
+    (['--workdir=w', '--config.no_such_key=1'], "unknown config key "
+                                                "'no_such_key'"),
+    (['--workdir=w', '--config.batch_size=x'], 'batch_size'),
+    (['--workdir=w', '--bogus'], "Unknown command line flag 'bogus'"),
+])
+def test_evaluate_flag_errors_are_one_line(args, message):
+  from prolip_jax import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.UserError, match=message.replace('(', r'\(')):
+    eval_cli.parse(['evaluate'] + args)
+
+
+def test_evaluate_parses_overrides():
+  fv = eval_cli.parse(['evaluate', '--workdir=w', '--step=3',
+                       '--config.data.per_class=7'])
+  assert (fv.workdir, fv.step, fv.out) == ('w', 3, None)
+  assert fv.config.data.per_class == 7
+  assert fv.config.batch_size == eval_config().batch_size
 
 
 # ---------------------------------------------------------------------------
@@ -210,6 +294,10 @@ def test_run_every_suite(workdir, tmp_path):
         '_R@' in key):
       assert 0.0 <= v <= 1.0, (key, v)
   assert m['filtering/kept'] == 40 and m['filtering/total'] == 50
+  for side in ('img', 'txt'):  # embed_dim 16: trace = 16 x per dimension
+    np.testing.assert_allclose(m[f'uncertainty/sigma2_trace_{side}_mean'],
+                               16 * m[f'uncertainty/sigma2_per_dim_{side}_mean'],
+                               rtol=1e-6)
   assert {os.path.basename(p) for p in summary['figures']} == \
       EXPECTED_FIGURES
   for p in summary['figures']:
@@ -234,8 +322,8 @@ def test_command_line(workdir, tmp_path):
        '--config.data.per_class=3', '--config.batch_size=30'],
       env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert 'zero_shot' in proc.stdout and 'csd_top1' in proc.stdout
-  assert 'retrieval' in proc.stdout and 'cosine_i2t_R@10' in proc.stdout
+  assert 'zero-shot top-1, CSD' in proc.stdout
+  assert 'retrieval image -> text R@1/5/10, cosine' in proc.stdout
   assert 'images: 30/30' in proc.stderr  # progress
   with open(os.path.join(out, 'summary.json')) as f:
     summary = json.load(f)

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prolip_jax import plotting
+
 from prolip_jax.losses import csd
 
 Array = jax.Array
@@ -262,29 +264,30 @@ def few_shot_bprw(prompt_mu, prompt_logvar, img_mu, img_logvar, labels,
   return bprw(prompt_mu, prompt_logvar, obs, alpha, eps, **em_kw), index
 
 
+@plotting.styled
 def fig_weights(pis, class_names, templates):
   """Heat maps of learned weights, classes x prompts: ``pis`` is one ``(C,
   N)`` array or a dict title -> array; one map and one colour bar per entry
-  (``2 * len(pis)`` axes)."""
-  from prolip_jax.uncertainty import _plt  # pylint: disable=g-import-not-at-top
-  plt = _plt()
+  (``2 * len(pis)`` axes), stacked, the prompts labelled under the last."""
+  plt = plotting.pyplot()
   if not isinstance(pis, dict):
     pis = {'BPRW weights': pis}
   n = len(pis)
   first = np.asarray(next(iter(pis.values())))
-  fig, axes = plt.subplots(1, n, squeeze=False, figsize=(
-      n * (1.6 + 0.55 * first.shape[1]), 1.6 + 0.28 * first.shape[0]))
-  for ax, (title, pi) in zip(axes[0], pis.items()):
+  c, p = first.shape
+  fig, axes = plt.subplots(n, 1, squeeze=False, sharex=True, figsize=(
+      2.2 + 0.5 * p, n * (0.6 + 0.25 * c) + 1.6))
+  for i, (ax, (title, pi)) in enumerate(zip(axes[:, 0], pis.items())):
     pi = np.asarray(pi)
     im = ax.imshow(pi, cmap='magma', vmin=0, aspect='auto')
     ax.set_yticks(range(pi.shape[0]))
-    ax.set_yticklabels(class_names, fontsize=7)
+    ax.set_yticklabels(class_names)
     ax.set_xticks(range(pi.shape[1]))
-    ax.set_xticklabels([t.replace('{}', '[c]') for t in templates],
-                       rotation=45, ha='right', fontsize=6)
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.05)
-  fig.tight_layout()
+    if i == n - 1:
+      ax.set_xticklabels([t.replace('{}', '[c]') for t in templates],
+                         rotation=35, ha='right', rotation_mode='anchor')
+    ax.set_title(f'{title}: weight π of each prompt per class')
+    fig.colorbar(im, ax=ax, fraction=0.05, label='π')
   return fig
 
 

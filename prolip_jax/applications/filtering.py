@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prolip_jax import plotting
+
 from prolip_jax import sharding as sharding_lib
 
 
@@ -236,27 +238,26 @@ def filter_records(model, records: Sequence[dict], keep_fraction: float,
   return kept, keys, scores
 
 
+@plotting.styled
 def fig_scores(scores, threshold: float, corrupted: Optional[np.ndarray] = None):
   """Histogram of pair scores with the keep threshold (1 axis); with
   ``corrupted`` (bool per record) clean and corrupted pairs are drawn
   separately."""
-  from prolip_jax.uncertainty import _plt  # pylint: disable=g-import-not-at-top
-  plt = _plt()
+  plt = plotting.pyplot()
   scores = np.asarray(scores)
   fig, ax = plt.subplots(figsize=(6, 3.4))
   bins = np.linspace(scores.min(), scores.max(), 50)
   if corrupted is None:
-    ax.hist(scores, bins=bins, color='tab:blue', alpha=0.8)
+    ax.hist(scores, bins=bins, color='tab:blue', alpha=0.8, label='pairs')
   else:
     corrupted = np.asarray(corrupted, bool)
     ax.hist(scores[~corrupted], bins=bins, color='tab:blue', alpha=0.7,
             label='original pairs')
     ax.hist(scores[corrupted], bins=bins, color='tab:red', alpha=0.7,
             label='shuffled captions')
-    ax.legend(fontsize=8)
   ax.axvline(threshold, color='black', ls='--', lw=1, label='keep threshold')
-  ax.set_xlabel('score = -CSD(image, caption)')
+  ax.legend()
+  ax.set_xlabel('score = −CSD(image, caption)')
   ax.set_ylabel('records')
   ax.set_title('pair filtering: records right of the line are kept')
-  fig.tight_layout()
   return fig

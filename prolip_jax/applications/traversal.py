@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prolip_jax import plotting
+
 from prolip_jax.losses import csd
 from prolip_jax.losses import inclusion_hypothesis
 from prolip_jax.losses import log_inclusion
@@ -185,18 +187,19 @@ def traversal_metrics(trav: Traversal, gt: Sequence[Sequence[int]],
   return out
 
 
+@plotting.styled
 def fig_traversal(trav: Traversal, db_sigma2: np.ndarray,
                   db_level: Optional[np.ndarray] = None,
-                  label: str = 'inclusion [ROOT]',
+                  label: str = 'inclusion-based [ROOT]',
                   others: Optional[dict] = None):
   """Mean sigma_t^2 of the caption retrieved at each step (axis 1) and, when
   ``db_level`` (level of each database caption, -1 unknown) is given, its mean
   hierarchy level (axis 2): 1 or 2 axes. ``others``: extra label ->
   Traversal drawn on the same axes."""
-  from prolip_jax.uncertainty import _plt  # pylint: disable=g-import-not-at-top
-  plt = _plt()
+  plt = plotting.pyplot()
   ncols = 1 if db_level is None else 2
-  fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 3.4), squeeze=False)
+  fig, axes = plt.subplots(1, ncols, figsize=(4.5 * ncols, 3.4),
+                           squeeze=False)
   runs = {label: trav, **(others or {})}
   for name, tr in runs.items():
     s = np.asarray(db_sigma2)[tr.steps]
@@ -206,13 +209,12 @@ def fig_traversal(trav: Traversal, db_sigma2: np.ndarray,
       lv = np.where(lv < 0, np.nan, lv)
       axes[0, 1].plot(np.linspace(0, 1, lv.shape[1]), np.nanmean(lv, 0),
                       label=name)
-  axes[0, 0].set_xlabel('interpolation t ([ROOT] → nearest caption)')
+  axes[0, 0].set_xlabel('t ([ROOT] → nearest caption)')
   axes[0, 0].set_ylabel(r'mean $\sigma_t^2$ of retrieved caption')
-  axes[0, 0].set_yscale('log')
-  axes[0, 0].legend(fontsize=8)
+  plotting.log_axis(axes[0, 0], 'y')
+  axes[0, 0].legend()
   if db_level is not None:
-    axes[0, 1].set_xlabel('interpolation t')
+    axes[0, 1].set_xlabel('t ([ROOT] → nearest caption)')
     axes[0, 1].set_ylabel('mean hierarchy level retrieved')
-    axes[0, 1].legend(fontsize=8)
-  fig.tight_layout()
+    axes[0, 1].legend()
   return fig

@@ -87,7 +87,8 @@ def suite_bprw(ctx: Context, cfg) -> tuple[dict, dict, list]:
 
 
 def suite_traversal(ctx: Context, cfg) -> tuple[dict, dict, list]:
-  """Inclusion-based traversal vs the "" [ROOT] baseline (4.4, B.4)."""
+  """Inclusion-based traversal vs the empty-caption [ROOT] baseline (the
+  embedding of "" as the root; 4.4, B.4)."""
   data = ctx.data
   if not ctx.embedder.probabilistic:
     raise SkipSuite('the inclusion traversal needs a probabilistic model')
@@ -138,7 +139,8 @@ def suite_traversal(ctx: Context, cfg) -> tuple[dict, dict, list]:
   db_s2 = U.sigma2(db[1])
   db_level = np.array([level_of[t] for t in texts])
   fig = T.fig_traversal(runs['inclusion'], db_s2, db_level,
-                        'inclusion [ROOT]', {'"" [ROOT]': runs['null']})
+                        'inclusion-based [ROOT]',
+                        {'empty-caption [ROOT]': runs['null']})
   figs = [ctx.figure(fig, 'traversal.png', 2)]
   return metrics, details, figs
 

@@ -8,48 +8,157 @@ can be overridden with ``--config.x.y=...``::
 
 ``DIR`` is a training workdir or an export directory (anything
 ``prolip_jax.load`` reads). With no ``--config`` the evaluators are the
-ones the checkpoint was trained with (``config.evals``; see
+ones the checkpoint was trained with (``config.evals``;
 ``evaluation/runner.py``).
+
+The flags live in their own ``FlagValues`` (not absl's global ``FLAGS``,
+where ``prolip_jax.main`` defines ``--config`` and ``--workdir`` too), so
+that ``--help`` lists exactly this command's flags and the parser can be
+built in-process, e.g. by a test.
 """
 
 from __future__ import annotations
 
-from absl import app
+import os
+import runpy
+import sys
+from typing import Optional, Sequence
+
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
 from prolip_jax import errors
-from prolip_jax.evaluation import runner
+
+# No config file: the checkpoint's own evaluators (runner.checkpoint_evals).
+DEFAULT_CONFIG = None
+
+USAGE = """\
+Usage: python -m prolip_jax.evaluate --workdir DIR [--config FILE]
+                                     [--config.KEY=VALUE ...] [--out DIR]
+                                     [--step N] [--evals NAME,...]
+                                     [--tfds_data_dir DIR]
+
+Runs a checkpoint's evaluators: by default the ones it was trained with
+(its config.evals: the digits or emoji report for the demos, ImageNet /
+COCO for the B/16 configs), or those of --config. Writes OUT/<name>.json
+(the bundled report: OUT/<suite>.json and PNG figures) and summary.json,
+and prints a table (accuracies and recalls in percent, sigma^2 per
+dimension and as a trace).
+
+Eval configs: configs/eval/digits.py, configs/eval/emoji.py (the bundled
+reports), configs/eval/benchmarks.py (ImageNet, ImageNet-v2, COCO 5k from
+prepared TFDS data), configs/eval/imagenet_folder.py (a folder of synset
+folders). Overrides: any value of the config file, e.g.
+  --config.data.per_class=20             digits: 20 images per class
+  "--config.suites=('zero_shot', 'retrieval')"
+  --config.evals.imagenet.data=folder:/data/imagenet/val
+  --config.tfds_data_dir=/data/tfds
+(docs/evaluation.md documents them).
+
+Flags:"""
+
+
+def define_flags(argv: Optional[Sequence[str]] = None) -> flags.FlagValues:
+  """A fresh ``FlagValues`` with the command's flags; ``argv`` is where the
+  config flag reads its ``--config.KEY`` overrides."""
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+      'config', DEFAULT_CONFIG,
+      'Evaluation config file (default: the evaluators the checkpoint was '
+      'trained with). configs/eval/digits.py, emoji.py: the bundled '
+      'reports; benchmarks.py: ImageNet and COCO. Override any of its '
+      'values with --config.KEY=VALUE.',
+      flag_values=fv, sys_argv=list(argv) if argv is not None else None)
+  flags.DEFINE_string('workdir', None, 'Training workdir or export directory '
+                      '(anything prolip_jax.load reads). Required.',
+                      flag_values=fv)
+  flags.DEFINE_string('out', None, 'Output directory for the JSON files and '
+                      'figures (default WORKDIR/eval).', flag_values=fv)
+  flags.DEFINE_integer('step', None, 'Checkpoint step to load (default: the '
+                       'latest).', flag_values=fv)
+  flags.DEFINE_list('evals', [], 'Run only these evaluators (names in '
+                    'config.evals).', flag_values=fv)
+  flags.DEFINE_string('tfds_data_dir', None, 'TFDS data_dir of evaluators '
+                      'that set none (default: the config\'s tfds_data_dir, '
+                      'else the run\'s eval.tfds_data_dir).', flag_values=fv)
+  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too '
+                    '(also PROLIP_DEBUG=1).', flag_values=fv)
+  return fv
+
+
+def help_text() -> str:
+  """What ``--help`` prints: the usage and every flag with its help and
+  default."""
+  fv = define_flags([sys.argv[0] if sys.argv else 'evaluate'])
+  return USAGE + '\n' + fv.module_help(__name__)
+
+
+def _config_path(argv: Sequence[str]) -> Optional[str]:
+  """The config file ``argv`` names (the last one, as flags go), or None."""
+  path = DEFAULT_CONFIG
+  for i, arg in enumerate(argv):
+    if arg.startswith('--config='):
+      path = arg.split('=', 1)[1]
+    elif arg == '--config' and i + 1 < len(argv):
+      path = argv[i + 1]
+  return path
+
+
+def parse(argv: Sequence[str]) -> flags.FlagValues:
+  """Parsed flags of ``argv`` (program name first); a bad flag, a missing
+  ``--workdir`` or config file or an unknown config key raise ``UserError``
+  with a one-line reason."""
+  path = _config_path(argv)
+  if path is not None and not os.path.isfile(path):
+    raise errors.UserError(f'config file {path!r} not found')
+  if path is not None:
+    try:
+      runpy.run_path(path)['get_config']()
+    except Exception as e:  # the user's file: report it, don't trace us
+      raise errors.UserError(f'config file {path!r} failed to load: '
+                             f'{type(e).__name__}: {e}') from e
+  try:
+    fv = define_flags(argv)  # reads the --config.KEY overrides
+    rest = fv(list(argv))
+  except flags.Error as e:
+    raise errors.UserError(str(e).splitlines()[0]) from e
+  except (KeyError, AttributeError) as e:
+    # config_flags meets an unknown key while applying the overrides.
+    key = str(e).strip('\'"\\ ')
+    raise errors.UserError(f'unknown config key {key!r} in '
+                           f'{[a for a in argv if a.startswith("--config.")]}'
+                           f'; {path} lists the keys') from e
+  if len(rest) > 1:
+    raise errors.UserError(f'unexpected arguments {rest[1:]}')
+  if not fv.workdir:
+    raise errors.UserError('--workdir is required (a training workdir or an '
+                           'export directory); --help lists the flags')
+  return fv
+
+
+def run(argv: Sequence[str]) -> int:
+  """Runs the command line ``argv`` (program name first); returns the exit
+  status (0, 2 for a user error)."""
+  if any(a in ('--help', '-h', '--helpfull', '-help') for a in argv[1:]):
+    print(help_text())
+    return 0
+
+  def body():
+    fv = parse(argv)
+    logging.set_verbosity(logging.ERROR)
+    # As training does: no TPU runtime warnings on a machine without one.
+    from prolip_jax import main as train_cli  # pylint: disable=g-import-not-at-top
+    train_cli._cpu_only_without_accelerators()  # pylint: disable=protected-access
+    from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
+    runner.run(fv.workdir, fv.config, fv.out, fv.step,
+               log=lambda s: print(s, flush=True), only=tuple(fv.evals),
+               tfds_data_dir=fv.tfds_data_dir)
+    return 0
+
+  return errors.cli_main(body, argv)
 
 
 def main():
-  """Defines the flags and runs ``runner.run`` on ``--workdir``.
-
-  Flags are defined here, not at import, since ``prolip_jax.main`` defines
-  ``--config`` and ``--workdir`` too.
-  """
-  config_flags.DEFINE_config_file(
-      'config', None, 'Evaluation config file (default: the evaluators the '
-      'checkpoint was trained with, its config.evals).')
-  flags.DEFINE_string('workdir', None, 'Training workdir or export directory '
-                      '(anything prolip_jax.load reads).', required=True)
-  flags.DEFINE_string('out', None, 'Output directory (default WORKDIR/eval).')
-  flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
-  flags.DEFINE_list('evals', [], 'Run only these evaluators (names in '
-                    'config.evals).')
-  flags.DEFINE_string('tfds_data_dir', None, 'TFDS data_dir of evaluators '
-                      'that set none (default: the config\'s, else the '
-                      'run\'s eval.tfds_data_dir).')
-
-  def run_main(argv):
-    if len(argv) > 1:
-      raise app.UsageError(f'unexpected arguments {argv[1:]}')
-    logging.set_verbosity(logging.ERROR)
-    return errors.cli_main(lambda: runner.run(
-        flags.FLAGS.workdir, flags.FLAGS.config, flags.FLAGS.out,
-        flags.FLAGS.step, log=lambda s: print(s, flush=True),
-        only=tuple(flags.FLAGS.evals),
-        tfds_data_dir=flags.FLAGS.tfds_data_dir))
-
-  app.run(run_main)
+  """Entry point of ``python -m prolip_jax.evaluate``."""
+  sys.exit(run(sys.argv))

@@ -27,6 +27,7 @@ from prolip_jax import sharding as shd
 from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import sharded
 from prolip_jax.evaluation import suites
+from prolip_jax.evaluation.report import format_table
 from prolip_jax.evaluation.suites import jsonable
 
 def checkpoint_evals(model) -> ml_collections.ConfigDict:
@@ -78,7 +79,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
   os.makedirs(out_dir, exist_ok=True)
   if config is not None and 'suites' in config and 'evals' not in config:
     summary = suites.run_suites(model, config, out_dir, log)
-    summary['skipped'] = {}
+    summary['skipped'], summary['kinds'] = {}, None
   else:
     if config is None:
       evals = checkpoint_evals(model)
@@ -94,7 +95,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(jsonable(summary), f, indent=1)
   summary['files'].append(path)
-  log(format_table(summary['metrics']))
+  log(format_table(summary['metrics'], kinds=summary.get('kinds')))
   if summary['figures']:
     log('figures:\n' + '\n'.join(f'  {p}' for p in summary['figures']))
   return summary
@@ -126,20 +127,4 @@ def _run_evaluators(model, todo, out_dir: str, log, only) -> dict:
     raise errors.DatasetUnavailableError(
         '; '.join(f'{k}: {v}' for k, v in skipped.items()))
   return {'metrics': metrics, 'figures': figures, 'files': files,
-          'skipped': skipped}
-def format_table(metrics: dict[str, float]) -> str:
-  """``suite  metric  value`` rows for the printed summary."""
-  rows = []
-  for name in metrics:
-    suite, _, key = name.partition('/')
-    rows.append((suite, key, metrics[name]))
-  w1 = max([len(r[0]) for r in rows] + [5])
-  w2 = max([len(r[1]) for r in rows] + [6])
-  lines = [f'{"suite":{w1}s}  {"metric":{w2}s}  value',
-           '-' * (w1 + w2 + 12)]
-  for suite, key, v in rows:
-    val = f'{v:.4g}' if isinstance(v, float) else str(v)
-    lines.append(f'{suite:{w1}s}  {key:{w2}s}  {val}')
-  return '\n'.join(lines)
-
-
+          'skipped': skipped, 'kinds': {e.name: e.kind for e in todo}}

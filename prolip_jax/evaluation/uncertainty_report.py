@@ -38,8 +38,13 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
   txt = emb.texts(texts, desc='captions')
   s_txt = U.sigma2(txt[1])
   s_of = dict(zip(texts, s_txt))
-  metrics['sigma2_img_mean'] = float(s_img.mean())
-  metrics['sigma2_txt_mean'] = float(s_txt.mean())
+  # sigma^2 two ways: per dimension, the mean of exp(logvar) (what
+  # training's summary prints), and the trace tr(Sigma) of paper 4.3 (what
+  # the figures and every other sigma^2 here use); trace = dim * per-dim.
+  metrics['sigma2_per_dim_img_mean'] = float(s_img.mean() / img[1].shape[-1])
+  metrics['sigma2_per_dim_txt_mean'] = float(s_txt.mean() / txt[1].shape[-1])
+  metrics['sigma2_trace_img_mean'] = float(s_img.mean())
+  metrics['sigma2_trace_txt_mean'] = float(s_txt.mean())
   pair_t = np.array([s_of[c] for caps in data.captions for c in caps])
   pair_v = np.repeat(s_img, [len(c) for c in data.captions])
   metrics['txt_more_uncertain_than_img'] = float((pair_t > pair_v).mean())

@@ -1,0 +1,200 @@
+"""The table ``python -m prolip_jax.evaluate`` prints, in training's units.
+
+``format_table(metrics)`` turns ``{suite/key: value}`` (``summary.json``'s
+``metrics``, raw fractions) into ``suite  metric  value`` rows in the
+formats of the training summary (``train_time.format_summary``):
+accuracies, recalls and other fractions of samples as percentages with one
+decimal, retrieval recalls grouped as ``R@1/5/10``, the same labels where
+the same metric appears (``zero-shot top-1, CSD``), and sigma^2 labelled as
+per dimension (mean of exp(logvar), what training prints) or as the trace
+tr(Sigma) = sum_d exp(logvar_d) (paper 4.3). A key without a rule keeps its
+name and is shown as a number.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+_METRIC_NAMES = {'csd': 'CSD', 'cosine': 'cosine'}
+
+
+def pct(x: float) -> str:
+  """A fraction as a percentage with one decimal, as training prints it."""
+  return f'{100 * x:.1f}%'
+
+
+def _num(x: Any) -> str:
+  if isinstance(x, bool):
+    return str(x)
+  if isinstance(x, int):
+    return f'{x:,}'
+  if x is None or x != x:  # NaN: an empty population
+    return 'n/a'
+  return f'{x:.4g}'
+
+
+def _signed(x: float) -> str:
+  return 'n/a' if x is None or x != x else f'{x:+.2f}'
+
+
+def _sigma2(x: float) -> str:
+  return f'{x:.3g}'
+
+
+def _view_name(key: str) -> str:
+  """'image_75pct_patches_dropped' -> 'image, 75% patches dropped' (the
+  inverse of the uncertainty report's key spelling)."""
+  kind, _, rest = key.partition('_')
+  return f'{kind}, ' + rest.replace('pct', '%').replace('_', ' ')
+
+
+# (suite, key pattern, label (str.format with the match's groups), format).
+# Labels shared with training's summary are spelled as it spells them.
+_RULES: list[tuple[str, str, str, Callable]] = [
+    ('zero_shot', r'(csd|cosine)_top(\d+)', 'zero-shot top-{1}, {0}', pct),
+    ('zero_shot', r'(csd|cosine)_flat_hit@(\d+)', 'flat hit@{1}, {0}', pct),
+    ('uncertainty', r'sigma2_per_dim_img_mean',
+     'mean sigma^2 per dimension, images', _sigma2),
+    ('uncertainty', r'sigma2_per_dim_txt_mean',
+     'mean sigma^2 per dimension, captions', _sigma2),
+    ('uncertainty', r'sigma2_trace_img_mean',
+     'mean sigma^2 = tr(Sigma) (trace), images', _sigma2),
+    ('uncertainty', r'sigma2_trace_txt_mean',
+     'mean sigma^2 = tr(Sigma) (trace), captions', _sigma2),
+    # The uncertainty evaluator (evaluators.py) names them as training does.
+    ('uncertainty', r'sigma2_img', 'mean sigma^2 per dimension, images',
+     _sigma2),
+    ('uncertainty', r'sigma2_captions',
+     'mean sigma^2 per dimension, captions', _sigma2),
+    ('uncertainty', r'txt_more_uncertain_than_img',
+     'caption sigma^2 > its image sigma^2', pct),
+    ('uncertainty', r'spearman_length_sigma2',
+     'Spearman(caption length, sigma^2)', _signed),
+    ('uncertainty', r'spearman_level_sigma2', 'Spearman(level, sigma^2)',
+     _signed),
+    ('uncertainty', r'level_adjacent_decreasing',
+     'sigma^2 decreasing, adjacent levels', pct),
+    ('uncertainty', r'level_chain_decreasing',
+     'sigma^2 decreasing along every level', pct),
+    ('uncertainty', r'level_min_general_above_specific',
+     'min over level pairs P(general > specific)', pct),
+    ('uncertainty', r'inclusion_positive/text_hierarchy_chain',
+     'H > 0 along the whole text hierarchy', pct),
+    ('uncertainty', r'inclusion_positive/(.+)', 'H(orig in view) > 0, {0}', pct),
+    ('bprw', r'uniform_top(\d+)', 'top-{0}, uniform prompt weights', pct),
+    ('bprw', r'inv_trace_top(\d+)', 'top-{0}, 1/tr(Sigma) initial weights',
+     pct),
+    ('bprw', r'zeroshot_top(\d+)', 'top-{0}, zero-shot EM weights', pct),
+    ('bprw', r'fewshot(\d+)_top(\d+)', 'top-{1}, {0}-shot EM weights', pct),
+    ('bprw', r'zeroshot_neighbour_precision',
+     'zero-shot EM neighbours of the right class', pct),
+    ('traversal', r'inclusion_root_is_gt_level0',
+     'inclusion-based [ROOT] is the level-0 caption', pct),
+    ('traversal', r'(inclusion|null)_root_R@1', '{0} [ROOT] R@1', pct),
+    ('traversal', r'(inclusion|null)_(precision|recall)', '{0} [ROOT] {1}',
+     pct),
+    ('traversal', r'(inclusion|null)_path_length',
+     '{0} [ROOT] path length (captions)', lambda x: f'{x:.1f}'),
+    ('filtering', r'removed_precision', 'removed pairs that were shuffled',
+     pct),
+    ('filtering', r'corrupted_recall', 'shuffled pairs removed', pct),
+    ('filtering', r'auc', 'AUC, original vs shuffled pairs',
+     lambda x: f'{x:.3f}'),
+    ('filtering', r'kept', 'pairs kept', _num),
+    ('filtering', r'total', 'pairs scored', _num),
+]
+
+_ROOT_NAMES = {'inclusion': 'inclusion-based', 'null': 'empty-caption'}
+
+
+def _group_text(group: str) -> str:
+  if '_' in group:
+    return _view_name(group)
+  return _METRIC_NAMES.get(group, _ROOT_NAMES.get(group, group))
+
+
+def describe(suite: str, key: str, value: Any) -> tuple[str, str]:
+  """``(label, formatted value)`` of one metric of ``suite``."""
+  for rule_suite, pattern, label, fmt in _RULES:
+    if rule_suite != suite:
+      continue
+    m = re.fullmatch(pattern, key)
+    if m is None:
+      continue
+    groups = [_group_text(g) for g in m.groups()]
+    try:
+      return label.format(*groups), fmt(value)
+    except (TypeError, ValueError):  # not a number: show it as it is
+      return label.format(*groups), str(value)
+  return key, _num(value) if isinstance(value, (int, float)) else str(value)
+
+
+_RECALL = re.compile(r'(?:(csd|cosine)_)?(i2t|t2i)_R@(\d+)')
+_DIRECTIONS = {'i2t': 'image -> text', 't2i': 'text -> image'}
+
+
+def _split(name: str, kinds: dict[str, str] | None) -> tuple[str, str, str]:
+  """``(shown suite, suite whose rules apply, key)`` of a metric name:
+  ``zero_shot/csd_top1`` (the bundled report), ``imagenet/csd_top1`` (an
+  evaluator of kind ``kinds['imagenet']``) or ``digits/zero_shot/csd_top1``
+  (the bundled report run as evaluator ``digits``)."""
+  prefix, _, rest = name.partition('/')
+  kind = (kinds or {}).get(prefix)
+  if kind == 'suites':
+    suite, _, key = rest.partition('/')
+    return f'{prefix}/{suite}', suite, key
+  if kind is not None:
+    return prefix, kind, rest
+  return prefix, prefix, rest
+
+
+def _retrieval_rows(items: list) -> tuple[list, set]:
+  """Recalls of one metric and direction grouped into one row like
+  training's ``retrieval image -> text R@1/5/10``; returns the rows and the
+  names they used."""
+  groups: dict[tuple, dict[int, tuple]] = {}
+  for shown, _, key, value, name in items:
+    m = _RECALL.fullmatch(key)
+    if m:
+      groups.setdefault((shown, m.group(1), m.group(2)), {})[int(
+          m.group(3))] = (name, value)
+  rows, used = [], set()
+  for (shown, metric, direction), by_k in groups.items():
+    ks = sorted(by_k)
+    label = (f'retrieval {_DIRECTIONS[direction]} R@'
+             + '/'.join(str(k) for k in ks)
+             + (f', {_METRIC_NAMES.get(metric, metric)}' if metric else ''))
+    value = ' / '.join(pct(by_k[k][1]) for k in ks)
+    rows.append((shown, label, value, by_k[ks[0]][0]))
+    used.update(by_k[k][0] for k in ks)
+  return rows, used
+
+
+def format_table(metrics: dict[str, Any], notes: bool = True,
+                 kinds: dict[str, str] | None = None) -> str:
+  """``suite  metric  value`` rows for the printed summary, in the order of
+  ``metrics`` (retrieval recalls grouped at their first R@k), followed by
+  one line on units when ``notes``. ``kinds`` maps evaluator names (the
+  first part of a metric name) to their kind (``evaluators.KINDS``)."""
+  items = [(*_split(name, kinds), value, name)
+           for name, value in metrics.items()]
+  grouped, used = _retrieval_rows(items)
+  first = {r[3]: r for r in grouped}
+  rows = []
+  for shown, suite, key, value, name in items:
+    if name in first:
+      rows.append(first[name][:3])
+    if name in used:
+      continue
+    rows.append((shown, *describe(suite, key, value)))
+  w1 = max([len(r[0]) for r in rows] + [5])
+  w2 = max([len(r[1]) for r in rows] + [6])
+  lines = [f'{"suite":{w1}s}  {"metric":{w2}s}  value',
+           '-' * (w1 + w2 + 12)]
+  for suite, label, value in rows:
+    lines.append(f'{suite:{w1}s}  {label:{w2}s}  {value}')
+  if notes and rows:
+    lines.append('(summary.json and <suite>.json hold the same metrics as '
+                 'fractions; sigma^2 per dimension = tr(Sigma) / dim)')
+  return '\n'.join(lines)
