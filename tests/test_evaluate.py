@@ -21,6 +21,7 @@ from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.evaluation import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS = os.path.join(REPO, 'configs', 'eval', 'digits.py')
 
 
 def eval_config(name='digits'):
@@ -200,9 +201,11 @@ def test_evaluate_help_lists_the_commands_flags(capsys):
 @pytest.mark.parametrize('args, message', [
     ([], '--workdir is required'),
     (['--workdir=w', '--config=/no/such.py'], "'/no/such.py' not found"),
-    (['--workdir=w', '--config.no_such_key=1'], "unknown config key "
-                                                "'no_such_key'"),
-    (['--workdir=w', '--config.batch_size=x'], 'batch_size'),
+    (['--workdir=w', f'--config={DIGITS}', '--config.no_such_key=1'],
+     "unknown config key 'no_such_key'"),
+    (['--workdir=w', f'--config={DIGITS}', '--config.batch_size=x'],
+     'batch_size'),
+    (['--workdir=w', '--config.batch_size=8'], 'overrides need --config'),
     (['--workdir=w', '--bogus'], "Unknown command line flag 'bogus'"),
 ])
 def test_evaluate_flag_errors_are_one_line(args, message):
@@ -213,10 +216,15 @@ def test_evaluate_flag_errors_are_one_line(args, message):
 
 def test_evaluate_parses_overrides():
   fv = eval_cli.parse(['evaluate', '--workdir=w', '--step=3',
-                       '--config.data.per_class=7'])
+                       f'--config={DIGITS}', '--config.data.per_class=7'])
   assert (fv.workdir, fv.step, fv.out) == ('w', 3, None)
   assert fv.config.data.per_class == 7
   assert fv.config.batch_size == eval_config().batch_size
+  # No --config: the checkpoint's own evaluators, some of them, a data_dir.
+  fv = eval_cli.parse(['evaluate', '--workdir=w', '--evals=imagenet,coco',
+                       '--tfds_data_dir=/data/tfds'])
+  assert fv.config is None and fv.evals == ['imagenet', 'coco']
+  assert fv.tfds_data_dir == '/data/tfds'
 
 
 # ---------------------------------------------------------------------------

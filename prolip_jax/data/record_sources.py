@@ -233,10 +233,19 @@ def open_tfds(name: str, split: str, data_dir: Optional[str] = None,
   except ImportError as e:
     raise errors.DatasetUnavailableError(str(e)) from e
   try:
+    # A prepared copy is read from its files; the builder's code (some
+    # builders need TensorFlow) only runs when there is none.
     builder = tfds.builder(name, data_dir=data_dir or None)
   except tfds.core.DatasetNotFoundError as e:
     raise errors.DatasetUnavailableError(
         f'TFDS has no data set {name!r}') from e
+  except ImportError as e:
+    raise errors.DatasetUnavailableError(
+        f'TFDS data set {name} is not prepared under '
+        f'{data_dir or "~/tensorflow_datasets"} (its builder needs '
+        f'{e.name or "TensorFlow"}): '
+        "pip install -e '.[eval]', then `tfds build "
+        f'{name} --data_dir DIR --file_format=array_record`') from e
   if not builder.is_prepared():
     manual = (' (ImageNet: put ILSVRC2012_img_val.tar in DIR/downloads/manual '
               'first)' if name.startswith('imagenet2012') else '')

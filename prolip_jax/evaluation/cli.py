@@ -110,6 +110,10 @@ def parse(argv: Sequence[str]) -> flags.FlagValues:
   ``--workdir`` or config file or an unknown config key raise ``UserError``
   with a one-line reason."""
   path = _config_path(argv)
+  if path is None and any(a.startswith('--config.') for a in argv):
+    raise errors.UserError(
+        '--config.KEY overrides need --config FILE (without it the '
+        "checkpoint's own evaluators run; --evals picks some of them)")
   if path is not None and not os.path.isfile(path):
     raise errors.UserError(f'config file {path!r} not found')
   if path is not None:
