@@ -9,7 +9,9 @@ last 40), to tune on 'val' without touching the held-out digits.
 Each training image gets captions of varied specificity, from the bare digit
 ("seven") to long ones naming attributes measured on the image itself (stroke
 thickness, width, horizontal position): short captions fit many images, long
-ones few, which is what the text uncertainty can learn from.
+ones few, which is what the text uncertainty can learn from. With ``data.captions =
+'paraphrases'`` the levels are the name and one, two and three attributes,
+each worded by the same pool of phrasings (``paraphrases``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ level, ``LEVEL_NAMES``): "an emoji", its group ("an animals and nature
 emoji"), its subgroup ("an animal mammal emoji"), its name ("giraffe") and
 the name in a template ("an emoji of giraffe"). The first three are shared by
 many concepts, the last two by one, so specificity is a property of the text.
+With ``data.captions = 'paraphrases'`` the levels are root, group, subgroup
+and name, each worded by the same pool of phrasings (``paraphrases``), so
+that the level can only be read from the content words;
+``heldout_captions_for`` words the five captions with the validation
+phrasings that training never uses.
 
 Splits are by concept, so held-out names are never seen in training:
 stratified by subgroup with ``np.random.default_rng(0)``, about 20% of each
