@@ -273,11 +273,10 @@ def tokenizer_corpus(split_name: str = 'train',
   else:
     corpus = [c for caps in captions_for(items) for c in caps]
   corpus += [t.format(class_name(c)) for c in items for t in EVAL_TEMPLATES]
-  if captions == 'paraphrases':
-    for words in (_words(c.group) for c in concepts()), (
-        _words(c.subgroup) for c in concepts()):
-      corpus += [c for w in dict.fromkeys(words) for c in paraphrases.pool(w)]
-    return corpus
+  if captions == 'paraphrases':  # every group and subgroup, phrased
+    shared = [*dict.fromkeys(_words(c.group) for c in concepts()),
+              *dict.fromkeys(_words(c.subgroup) for c in concepts())]
+    return corpus + [s for w in shared for s in paraphrases.pool(w)]
   corpus += list(dict.fromkeys(group_caption(c.group) for c in concepts()))
   corpus += list(dict.fromkeys(subgroup_caption(c.subgroup)
                                for c in concepts()))
