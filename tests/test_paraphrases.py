@@ -8,7 +8,6 @@ import collections
 import hashlib
 import json
 
-import grain
 import ml_collections
 import numpy as np
 import pytest
