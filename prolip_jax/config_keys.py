@@ -172,6 +172,9 @@ KEYS: dict[str, Key] = {
                       DATA),
     'data.render_size': Key(64, 'emoji: pixels of the rendered glyphs',
                             DATA),
+    'data.captions': Key('templates', 'digits, emoji: templates | '
+                         'paraphrases (every level worded with the same '
+                         'phrasings, one drawn per example)', DATA),
     'data.mean': Key(CLIP_MEAN, "per-channel normalisation mean (CLIP's)",
                      DATA),
     'data.std': Key(CLIP_STD, "per-channel normalisation std (CLIP's)",

@@ -13,7 +13,10 @@ each with the eight captions of ``digits.captions_for``:
      slightly to the left'
 
 Hierarchy levels are captions 0, 4, 5, 6: the bare name, then one, two and
-three attributes, each level entailing the previous one. Override anything on
+three attributes, each level entailing the previous one.
+``--config.data.phrasings=heldout`` words them with phrasings training never
+used ('a sketch of seven', 'a sketch of seven with thin strokes', ...: the
+same phrasing at every level of an image). Override anything on
 the command line, e.g. ``"--config.suites=('zero_shot', 'retrieval')"`` or
 ``--config.data.per_class=20`` for a quick run. Outputs go to WORKDIR/eval
 (``--out`` elsewhere).
@@ -38,7 +41,10 @@ def get_config():
   c.progress = True
   c.data = ml_collections.ConfigDict({
       'dataset': 'digits', 'split': 'heldout',
-      'per_class': 0})  # 0: all 100 per class
+      'per_class': 0,  # 0: all 100 per class
+      # 'heldout': the eight captions worded with phrasings training never
+      # uses (data/paraphrases.py VALIDATION), same positions and levels.
+      'phrasings': 'templates'})
 
   c.zero_shot = ml_collections.ConfigDict({
       'metrics': ('csd', 'cosine'), 'ks': (1, 5),

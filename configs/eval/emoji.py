@@ -15,7 +15,10 @@ Hierarchy levels are group > subgroup > name (1, 2, 3): sigma^2 should fall
 along them, and each name's Gaussian should lie inside its subgroup's, inside
 its group's (H > 0). Zero-shot classifies each held-out image among all
 held-out names. Choose knobs on ``--config.data.split=val`` (names carved
-from training), never on 'heldout'.
+from training), never on 'heldout'. ``--config.data.phrasings=heldout``
+words every level with phrasings that training never used (the same
+phrasing at every level of an image, so only the content words differ):
+sigma^2 then has to follow the meaning, not the template.
 """
 
 import ml_collections
@@ -28,7 +31,10 @@ def get_config():
   c.seed = 0
   c.progress = True
   c.data = ml_collections.ConfigDict({
-      'dataset': 'emoji', 'split': 'heldout', 'render_size': 64})
+      'dataset': 'emoji', 'split': 'heldout', 'render_size': 64,
+      # 'heldout': the five captions worded with phrasings training never
+      # uses (data/paraphrases.py VALIDATION), same positions and levels.
+      'phrasings': 'templates'})
 
   c.zero_shot = ml_collections.ConfigDict({
       'metrics': ('csd', 'cosine'), 'ks': (1, 5),

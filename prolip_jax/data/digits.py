@@ -9,7 +9,9 @@ last 40), to tune on 'val' without touching the held-out digits.
 Each training image gets captions of varied specificity, from the bare digit
 ("seven") to long ones naming attributes measured on the image itself (stroke
 thickness, width, horizontal position): short captions fit many images, long
-ones few, which is what the text uncertainty can learn from.
+ones few, which is what the text uncertainty can learn from. With ``data.captions =
+'paraphrases'`` the levels are the name and one, two and three attributes,
+each worded by the same pool of phrasings (``paraphrases``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+from prolip_jax.data import paraphrases
 
 CLASS_NAMES = ('zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven',
                'eight', 'nine')
@@ -108,6 +112,58 @@ def captions_for(images: np.ndarray, labels: np.ndarray) -> list[list[str]]:
   return _captions(_measured(images, labels))
 
 
+# Levels of ``data.captions = 'paraphrases'``: the name, then one, two and
+# three attributes (the hierarchy levels 0, 4, 5, 6 of ``captions_for``).
+PARAPHRASE_LEVELS = ('name', '1 attribute', '2 attributes', '3 attributes')
+# Position in ``captions_for`` -> its paraphrase level (the numeral, 'a
+# seven' and 'the handwritten digit seven' name the digit only; the long
+# caption has three attributes).
+_PARAPHRASE_LEVEL_OF = (0, 0, 0, 0, 1, 2, 3, 3)
+
+
+def level_contents(attrs: dict) -> tuple[str, str, str, str]:
+  """The words of each ``PARAPHRASE_LEVELS`` level of one image's
+  ``_measured`` attributes, each level adding one attribute to the
+  previous: ('seven', 'seven with thin strokes', 'wide seven with thin
+  strokes', 'wide seven with thin strokes on the left')."""
+  name = CLASS_NAMES[attrs['digit']]
+  t, w, p = attrs['thickness'], attrs['width'], attrs['position']
+  where = 'in the center' if p == 'center' else f'on the {p}'
+  return (name, f'{name} with {t} strokes', f'{w} {name} with {t} strokes',
+          f'{w} {name} with {t} strokes {where}')
+
+
+def paraphrase_pools_for(images: np.ndarray, labels: np.ndarray,
+                         which: str = 'training'
+                         ) -> list[list[tuple[str, ...]]]:
+  """Per image, per ``PARAPHRASE_LEVELS`` level, every phrasing of
+  ``which`` (``paraphrases.PHRASINGS``)."""
+  return [paraphrases.level_pools(level_contents(a), which)
+          for a in _measured(images, labels)]
+
+
+def heldout_captions_for(images: np.ndarray,
+                         labels: np.ndarray) -> list[list[str]]:
+  """The eight captions of ``captions_for`` (same positions, each at its
+  level) worded with validation phrasings only: image k gets validation
+  phrasing k (cyclic) at the hierarchy levels (positions 0, 4, 5, 6) and the
+  next ones at the other positions of the same level."""
+  out = []
+  for k, attrs in enumerate(_measured(images, labels)):
+    contents = level_contents(attrs)
+    shift = (0, 1, 2, 3, 0, 0, 0, 1)  # distinct phrasings within a level
+    out.append([paraphrases.heldout_caption(contents[level], k + shift[pos])
+                for pos, level in enumerate(_PARAPHRASE_LEVEL_OF)])
+  return out
+
+
+def _training_captions(measured: list[dict], captions: str) -> list[list]:
+  if paraphrases.check_captions(captions) == 'paraphrases':
+    return [list(paraphrases.level_pools(level_contents(a)))
+            for a in measured]
+  return _captions(measured)
+
+
 def attributes(name: str) -> list[dict]:
   """Per image of a split, ``{'digit': int, 'thickness', 'width',
   'position'}``: the keys of ``data.pairs.DIGIT_SCHEMA``, measured on the
@@ -115,21 +171,30 @@ def attributes(name: str) -> list[dict]:
   return _measured(*split(name))
 
 
-def records(name: str) -> list[dict]:
-  """Records ``{'image': (28, 28, 3) uint8, 'captions': [str], 'label': int,
-  'attributes': dict}`` (``attributes`` as in ``attributes(name)``; PC-CLIP
-  builds its difference texts from them)."""
+def records(name: str, captions: str = 'templates') -> list[dict]:
+  """Records ``{'image': (28, 28, 3) uint8, 'captions': [...], 'label':
+  int, 'attributes': dict}`` (``attributes`` as in ``attributes(name)``;
+  PC-CLIP builds its difference texts from them). ``captions``:
+  ``'templates'``: the eight captions of ``captions_for``;
+  ``'paraphrases'``: one pool of training phrasings per
+  ``PARAPHRASE_LEVELS`` level (the pipeline draws a level, then a
+  phrasing)."""
   images, labels = split(name)
   attrs = _measured(images, labels)
-  caps = _captions(attrs)
+  caps = _training_captions(attrs, captions)
   rgb = np.repeat(images[..., None], 3, axis=-1)
   return [{'image': rgb[i], 'captions': caps[i], 'label': int(labels[i]),
            'attributes': attrs[i]} for i in range(len(labels))]
 
 
-def tokenizer_corpus() -> list[str]:
-  """Every training caption plus the zero-shot prompts, in a fixed order."""
+def tokenizer_corpus(captions: str = 'templates') -> list[str]:
+  """Every training caption plus the zero-shot prompts, in a fixed order
+  (``captions='paraphrases'``: every training phrasing of every level,
+  never a validation one)."""
   images, labels = split('train')
-  corpus = [c for caps in captions_for(images, labels) for c in caps]
+  corpus = [c for caps in _training_captions(_measured(images, labels),
+                                             captions)
+            for level in caps
+            for c in ((level,) if isinstance(level, str) else level)]
   corpus += [t.format(n) for n in CLASS_NAMES for t in EVAL_TEMPLATES]
   return corpus

@@ -21,6 +21,11 @@ level, ``LEVEL_NAMES``): "an emoji", its group ("an animals and nature
 emoji"), its subgroup ("an animal mammal emoji"), its name ("giraffe") and
 the name in a template ("an emoji of giraffe"). The first three are shared by
 many concepts, the last two by one, so specificity is a property of the text.
+With ``data.captions = 'paraphrases'`` the levels are root, group, subgroup
+and name, each worded by the same pool of phrasings (``paraphrases``), so
+that the level can only be read from the content words;
+``heldout_captions_for`` words the five captions with the validation
+phrasings that training never uses.
 
 Splits are by concept, so held-out names are never seen in training:
 stratified by subgroup with ``np.random.default_rng(0)``, about 20% of each
@@ -39,6 +44,8 @@ import re
 from typing import NamedTuple
 
 import numpy as np
+
+from prolip_jax.data import paraphrases
 
 ASSET = os.path.join(os.path.dirname(__file__), 'assets', 'emoji-test.txt')
 LEVEL_NAMES = ('root', 'group', 'subgroup', 'name', 'name, templated')
@@ -113,6 +120,41 @@ def class_name(concept: Concept) -> str:
   """Level 3: the name in lower case without ':' ('flag: Venezuela' ->
   'flag venezuela')."""
   return ' '.join(concept.name.lower().replace(':', ' ').split())
+
+
+# Levels of ``data.captions = 'paraphrases'``: the templated name is one more
+# phrasing of the name there.
+PARAPHRASE_LEVELS = ('root', 'group', 'subgroup', 'name')
+# Position in ``captions_for`` (``LEVEL_NAMES``) -> its paraphrase level.
+_PARAPHRASE_LEVEL_OF = (0, 1, 2, 3, 3)
+
+
+def level_contents(concept: Concept) -> tuple[str, str, str, str]:
+  """The words of each ``PARAPHRASE_LEVELS`` level, with no wording that
+  marks the level: ('an emoji', 'animals and nature', 'animal mammal',
+  'giraffe')."""
+  return ('an emoji', _words(concept.group), _words(concept.subgroup),
+          class_name(concept))
+
+
+def paraphrase_pools_for(items, which: str = 'training'
+                         ) -> list[list[tuple[str, ...]]]:
+  """Per concept, per ``PARAPHRASE_LEVELS`` level, every phrasing of
+  ``which`` (``paraphrases.PHRASINGS``)."""
+  return [paraphrases.level_pools(level_contents(c), which) for c in items]
+
+
+def heldout_captions_for(items) -> list[list[str]]:
+  """The five captions of ``captions_for`` (same positions, same levels)
+  worded with validation phrasings only: concept k of ``items`` gets
+  validation phrasing k (cyclic) at every level, and the templated name the
+  next one."""
+  out = []
+  for k, c in enumerate(items):
+    contents = level_contents(c)
+    out.append([paraphrases.heldout_caption(contents[level], k + (pos == 4))
+                for pos, level in enumerate(_PARAPHRASE_LEVEL_OF)])
+  return out
 
 
 def captions_for(items) -> list[list[str]]:
@@ -196,22 +238,45 @@ def images(split_name: str, size: int = 64) -> np.ndarray:
   return _rendered(size)[[c.index for c in split(split_name)]]
 
 
-def records(split_name: str, size: int = 64) -> list[dict]:
-  """Records ``{'image': (size, size, 3) uint8, 'captions': [str] * 5,
-  'label': index within the split, 'concept': global index}``."""
+def training_captions(items, captions: str = 'templates') -> list[list]:
+  """What a record's ``'captions'`` holds per concept: ``'templates'`` the
+  five captions of ``captions_for``; ``'paraphrases'`` one pool of training
+  phrasings per ``PARAPHRASE_LEVELS`` level (the pipeline draws a level,
+  then a phrasing)."""
+  if paraphrases.check_captions(captions) == 'paraphrases':
+    return [list(p) for p in paraphrase_pools_for(items, 'training')]
+  return captions_for(items)
+
+
+def records(split_name: str, size: int = 64,
+            captions: str = 'templates') -> list[dict]:
+  """Records ``{'image': (size, size, 3) uint8, 'captions':
+  training_captions(..., captions), 'label': index within the split,
+  'concept': global index}``."""
   items = split(split_name)
+  caps = training_captions(items, captions)
   imgs = images(split_name, size)
-  caps = captions_for(items)
   return [{'image': imgs[i], 'captions': caps[i], 'label': i,
            'concept': c.index} for i, c in enumerate(items)]
 
 
-def tokenizer_corpus(split_name: str = 'train') -> list[str]:
+def tokenizer_corpus(split_name: str = 'train',
+                     captions: str = 'templates') -> list[str]:
   """Every caption of a split's concepts, the zero-shot prompts of its names
-  and every group and subgroup caption, in a fixed order."""
+  and every group and subgroup caption, in a fixed order. With
+  ``captions='paraphrases'`` the captions are the training phrasings of
+  every level (never the validation ones)."""
   items = split(split_name)
-  corpus = [c for caps in captions_for(items) for c in caps]
+  if paraphrases.check_captions(captions) == 'paraphrases':
+    corpus = [c for pools in paraphrase_pools_for(items) for p in pools
+              for c in p]
+  else:
+    corpus = [c for caps in captions_for(items) for c in caps]
   corpus += [t.format(class_name(c)) for c in items for t in EVAL_TEMPLATES]
+  if captions == 'paraphrases':  # every group and subgroup, phrased
+    shared = [*dict.fromkeys(_words(c.group) for c in concepts()),
+              *dict.fromkeys(_words(c.subgroup) for c in concepts())]
+    return corpus + [s for w in shared for s in paraphrases.pool(w)]
   corpus += list(dict.fromkeys(group_caption(c.group) for c in concepts()))
   corpus += list(dict.fromkeys(subgroup_caption(c.subgroup)
                                for c in concepts()))

