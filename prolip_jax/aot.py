@@ -34,6 +34,7 @@ from typing import Any, Optional
 from absl import flags
 
 from prolip_jax import aot_report
+from prolip_jax import command_line
 from prolip_jax import errors
 from prolip_jax.aot_targets import KNOWN
 from prolip_jax.aot_targets import resolve
@@ -430,11 +431,12 @@ def run(argv: list[str]) -> int:
       losses = {form: compile_loss(config, target, per_device, form)
                 for form in ('ring', 'gathered')}
       print(aot_report.format_loss_table(
-          cli._config_path(argv), target.name, per_device, losses))  # pylint: disable=protected-access
+          command_line.config_path(argv, cli.DEFAULT_CONFIG), target.name,
+          per_device, losses))
       print(json.dumps(losses, sort_keys=True), flush=True)
       return 0
     report = compile_step(config, target, per_device)
-    report['config'] = cli._config_path(argv)  # pylint: disable=protected-access
+    report['config'] = command_line.config_path(argv, cli.DEFAULT_CONFIG)
     if fl.loss_memory and report['mesh'] and max(
         report['global_batch'] // per_device, 1) > 1:
       report['loss_memory'] = {

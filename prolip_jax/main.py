@@ -19,10 +19,11 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from prolip_jax import command_line
 from prolip_jax import config_help
 from prolip_jax import errors
 
-_DEFAULT_CONFIG = os.path.join(
+DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
     'prolip_tiny.py')
 
@@ -49,7 +50,7 @@ def _define_flags(argv: list[str]):
   if 'config' in flags.FLAGS:
     return
   config_flags.DEFINE_config_file(
-      'config', _DEFAULT_CONFIG, 'Training configuration file.',
+      'config', DEFAULT_CONFIG, 'Training configuration file.',
       lock_config=True, sys_argv=argv)
   flags.DEFINE_string('workdir', 'workdirs/prolip_tiny',
                       'Checkpoints, tokenizer, metrics and TensorBoard files.')
@@ -67,21 +68,10 @@ def _define_flags(argv: list[str]):
                     'earlier run (refused otherwise).')
 
 
-def _config_path(argv: list[str]) -> str:
-  """The config file ``argv`` names (the last one, as flags go)."""
-  path = _DEFAULT_CONFIG
-  for i, arg in enumerate(argv):
-    if arg.startswith('--config='):
-      path = arg.split('=', 1)[1]
-    elif arg == '--config' and i + 1 < len(argv):
-      path = argv[i + 1]
-  return path
-
-
 def _parse(argv: list[str]):
   """Parses flags; raises ``UserError`` with a one-line reason."""
   from prolip_jax import presets  # pylint: disable=g-import-not-at-top
-  path = _config_path(argv)
+  path = command_line.config_path(argv, DEFAULT_CONFIG)
   if not os.path.isfile(path):
     raise errors.UserError(f'config file {path!r} not found')
   try:
@@ -116,28 +106,6 @@ def _distributed_init():
     jax.distributed.initialize()  # auto-detects the cluster
 
 
-def _cpu_only_without_accelerators():
-  """On a machine with neither TPU chips nor an NVIDIA GPU but with libtpu
-  installed (the ``tpu`` and ``test`` extras, for ``prolip_jax.aot``), jax
-  would start the TPU runtime, which prints warnings about the missing TPU
-  before jax falls back to the CPU: ask for the CPU directly. An explicit
-  ``JAX_PLATFORMS`` is left alone."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  if 'JAX_PLATFORMS' in os.environ or importlib.util.find_spec(
-      'libtpu') is None:
-    return
-  try:  # jax's own detection (private: a later jax may move it)
-    from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
-    no_accelerator = (
-        hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0
-        and not hardware_utils.has_visible_nvidia_gpu())
-  except (ImportError, AttributeError):
-    return  # then jax decides, warnings and all
-  if no_accelerator:
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.config.update('jax_platforms', 'cpu')  # jax has read the env already
-
-
 def run(argv: list[str]) -> int:
   """Runs the command line ``argv`` (program name first); returns the exit
   status."""
@@ -151,7 +119,7 @@ def run(argv: list[str]) -> int:
       print(config_help.describe(config))
       return 0
     logging.set_verbosity(logging.WARNING)
-    _cpu_only_without_accelerators()
+    command_line.cpu_only_without_accelerators()
     _distributed_init()
     from prolip_jax import train  # pylint: disable=g-import-not-at-top
     summary = train.train_and_evaluate(

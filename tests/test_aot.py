@@ -329,7 +329,8 @@ def test_main_on_a_cpu_machine_does_not_start_libtpu():
       or hardware_utils.has_visible_nvidia_gpu()):
     pytest.skip('this machine has an accelerator')
   env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
-  code = ('from prolip_jax import main; main._cpu_only_without_accelerators()'
+  code = ('from prolip_jax import command_line; '
+          'command_line.cpu_only_without_accelerators()'
           '; import jax; print(jax.devices()[0].platform)')
   out = subprocess.run([sys.executable, '-c', code], env=env,
                        capture_output=True, text=True, check=True)

@@ -28,6 +28,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from prolip_jax import command_line
 from prolip_jax import errors
 
 # No config file: the checkpoint's own evaluators (runner.checkpoint_evals).
@@ -94,22 +95,11 @@ def help_text() -> str:
   return USAGE + '\n' + fv.module_help(__name__)
 
 
-def _config_path(argv: Sequence[str]) -> Optional[str]:
-  """The config file ``argv`` names (the last one, as flags go), or None."""
-  path = DEFAULT_CONFIG
-  for i, arg in enumerate(argv):
-    if arg.startswith('--config='):
-      path = arg.split('=', 1)[1]
-    elif arg == '--config' and i + 1 < len(argv):
-      path = argv[i + 1]
-  return path
-
-
 def parse(argv: Sequence[str]) -> flags.FlagValues:
   """Parsed flags of ``argv`` (program name first); a bad flag, a missing
   ``--workdir`` or config file or an unknown config key raise ``UserError``
   with a one-line reason."""
-  path = _config_path(argv)
+  path = command_line.config_path(argv, DEFAULT_CONFIG)
   if path is None and any(a.startswith('--config.') for a in argv):
     raise errors.UserError(
         '--config.KEY overrides need --config FILE (without it the '
@@ -152,8 +142,7 @@ def run(argv: Sequence[str]) -> int:
     fv = parse(argv)
     logging.set_verbosity(logging.ERROR)
     # As training does: no TPU runtime warnings on a machine without one.
-    from prolip_jax import main as train_cli  # pylint: disable=g-import-not-at-top
-    train_cli._cpu_only_without_accelerators()  # pylint: disable=protected-access
+    command_line.cpu_only_without_accelerators()
     from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
     runner.run(fv.workdir, fv.config, fv.out, fv.step,
                log=lambda s: print(s, flush=True), only=tuple(fv.evals),
