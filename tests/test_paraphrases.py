@@ -1,4 +1,4 @@
-"""Paraphrase pools (issue 25): captions whose level cannot be read from
+"""Paraphrase pools: captions whose level cannot be read from
 their form, training phrasings drawn per example, validation phrasings that
 training never sees, and the default ('templates') unchanged."""
 

@@ -1,5 +1,5 @@
 """A user's mistakes and the OS's refusals: one line, exit status 2, nothing
-lost (issue 21, items 3, 4, 5 and 7).
+lost.
 
 * The tokenizer belongs to the checkpoint: swapped, missing, corrupt or
   empty tokenizer files are refused in one line by resume, ``load``,

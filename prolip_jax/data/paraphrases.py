@@ -1,5 +1,5 @@
 """Paraphrase pools: captions whose hierarchy level cannot be read from their
-form (issue 25).
+form.
 
 The template captions of the bundled datasets give each level its own
 wording ("an animal mammal emoji" against a bare "giraffe"), so a model can
