@@ -71,6 +71,7 @@ class Evaluator:
     self.every_steps = int(cfg.every_steps)
     self.batch_size = int(cfg.batch_size)
     self.unavailable: Optional[str] = None
+    self._data = None  # the opened set, kept for the next run
     self.figures: list[str] = []  # written by the last run
     self.files: list[str] = []
 
@@ -109,6 +110,13 @@ class Evaluator:
                             'seconds': seconds}), f, indent=1)
     return metrics
 
+  def _opened(self, open_set: Callable):
+    # Opened once: a training run evaluates every few thousand steps, and
+    # a captioned set reads all of its captions when opened.
+    if self._data is None:
+      self._data = open_set(self.cfg)
+    return self._data
+
   # -- kinds -----------------------------------------------------------------
 
   def _metric_names(self, model: EvalModel) -> list[str]:
@@ -128,7 +136,7 @@ class Evaluator:
 
   def _zero_shot(self, model: EvalModel, out_dir: str, log):
     del out_dir
-    zs = datasets.zero_shot_set(self.cfg)
+    zs = self._opened(datasets.zero_shot_set)
     emb = self._embed_images(model, zs.images, log)
     prompts = [t.format(c) for c in zs.class_names for t in zs.templates]
     p_mu, p_lv = model.embed_texts(prompts, self.batch_size)
@@ -149,7 +157,7 @@ class Evaluator:
 
   def _retrieval(self, model: EvalModel, out_dir: str, log):
     del out_dir
-    rs = datasets.retrieval_set(self.cfg)
+    rs = self._opened(datasets.retrieval_set)
     emb = self._embed_images(model, rs.images, log)
     txt = model.embed_texts(rs.captions, self.batch_size)
     out = {}
@@ -167,7 +175,7 @@ class Evaluator:
     if not model.probabilistic:
       log(f'[{self.name}] skipped: the model has no [UNC] (sigma^2)')
       return {}, {'skipped': 'deterministic model'}
-    rs = datasets.retrieval_set(self.cfg)
+    rs = self._opened(datasets.retrieval_set)
     emb = self._embed_images(model, rs.images, log)
     tokens = model.tokenizer(rs.captions)
     _, t_lv = model.embed_tokens(tokens, self.batch_size)

@@ -178,6 +178,7 @@ class LoopEvaluations:
     self.tokenizer, self.mesh, self.evals = tokenizer, mesh, evals
     self.writer, self.workdir, self.is_chief = writer, workdir, is_chief
     self._gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
+    self._on_mesh = None
 
   def heldout(self, state, step: int, write: bool = True
               ) -> dict[str, float]:
@@ -208,9 +209,12 @@ class LoopEvaluations:
     due = [e for e in self.evals if e.due(step, final)]
     if not due:
       return {}
-    on_mesh = sharded_eval.from_training(self.objective, self.model,
-                                         state.params, self.config,
-                                         self.tokenizer, self.mesh)
+    if self._on_mesh is None:  # built (and its encoders jitted) once
+      self._on_mesh = sharded_eval.from_training(
+          self.objective, self.model, state.params, self.config,
+          self.tokenizer, self.mesh)
+    on_mesh = self._on_mesh
+    on_mesh.params = state.params  # where the train state holds them
     out_dir = (os.path.join(self.workdir, 'evals', f'step_{step}')
                if self.is_chief else '')
     log = lambda line: progress.status(line, self.is_chief)
