@@ -15,6 +15,7 @@ import numpy as np
 from prolip_jax import uncertainty
 from prolip_jax.evaluation.data import EvalData
 from prolip_jax.evaluation.embedder import Embedder
+from prolip_jax.evaluation.metrics import scoring_metrics
 
 
 class SkipSuite(Exception):
@@ -47,10 +48,8 @@ class Context:
 
 
 def metrics_for(ctx: Context, cfg) -> list[str]:
-  metrics = list(cfg.get('metrics', ('csd', 'cosine')))
-  if not ctx.embedder.probabilistic:
-    metrics = [m for m in metrics if m != 'csd'] or ['cosine']
-  return metrics
+  return scoring_metrics(cfg.get('metrics', ('csd', 'cosine')),
+                         ctx.embedder.probabilistic)
 
 
 def class_prompts(ctx: Context, templates) -> tuple:

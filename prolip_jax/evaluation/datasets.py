@@ -36,6 +36,7 @@ import numpy as np
 
 from prolip_jax import errors
 from prolip_jax.data import eval_data
+from prolip_jax.data import record_format
 from prolip_jax.data import record_sources
 from prolip_jax.evaluation import data as bundled
 from prolip_jax.evaluation.sharded import ImageSet
@@ -73,19 +74,13 @@ class RetrievalSet:
   image_of_text: np.ndarray
 
 
-def _field(record: dict, key: str) -> Any:
-  for part in key.split('/'):
-    record = record[part]
-  return record
-
-
-def _text(x: Any) -> str:
-  return x.decode('utf-8') if isinstance(x, bytes) else str(x)
-
-
-def _tfds_parts(rest: str, default_split: str) -> tuple[str, str]:
+def _tfds_parts(rest: str) -> tuple[str, str]:
+  """``'coco_captions'`` -> ``('coco_captions', 'test')``: the name and the
+  split, by default the one the bundled metadata names."""
   name, _, split = rest.partition(':')
-  return name, split or default_split
+  default = (TFDS_RETRIEVAL[name][2] if name in TFDS_RETRIEVAL
+             else eval_data.TFDS_DATASETS.get(name, (None, 'test'))[1])
+  return name, split or default
 
 
 def _template_choice(value: Any, default: Sequence[str]) -> tuple[str, ...]:
@@ -107,9 +102,8 @@ def zero_shot_set(cfg) -> ZeroShotSet:
   templates = cfg.get('templates', ())
   names = cfg.get('class_names', ())
   if scheme == 'tfds':
-    asset, default_split = eval_data.TFDS_DATASETS.get(
-        rest.partition(':')[0], (None, 'test'))
-    name, split = _tfds_parts(rest, default_split)
+    name, split = _tfds_parts(rest)
+    asset = eval_data.TFDS_DATASETS.get(name, (None, None))[0]
     if asset is None and not (names and templates):
       raise errors.ConfigError(
           f'{cfg.data}: no bundled class names for TFDS {name!r}: set '
@@ -187,25 +181,22 @@ def retrieval_set(cfg) -> RetrievalSet:
   ``images_dir``, ``caption_key``)."""
   scheme, rest = parse(cfg.data)
   if scheme == 'tfds':
-    name = rest.partition(':')[0]
-    image_key, caption_key, default_split = TFDS_RETRIEVAL.get(
+    name, split = _tfds_parts(rest)
+    image_key, caption_key, _ = TFDS_RETRIEVAL.get(
         name, ('image', 'caption', 'test'))
     caption_key = cfg.get('caption_key', '') or caption_key
-    name, split = _tfds_parts(rest, default_split)
-    source = record_sources.open_tfds(name, split, cfg.get('data_dir', ''), image_key)
+    source = record_sources.tfds_source(name, split, cfg.get('data_dir', ''),
+                                        image_key, caption_key)
     # The captions are needed on every host (all of them are ranked against
     # every image); read once here, images later by the hosts' workers.
     captions, owner = [], []
     for i in range(len(source)):
-      caps = _field(source[i], caption_key)
-      caps = [caps] if isinstance(caps, (str, bytes)) else list(caps)
-      for c in caps:
-        if _text(c).strip():
-          captions.append(_text(c).strip())
-          owner.append(i)
+      caps = record_format.record_captions(source[i])
+      captions += caps
+      owner += [i] * len(caps)
     return RetrievalSet(
         ImageSet(f'{name}:{split}', len(source),
-                 lambda i: (source[i][image_key], -1)),
+                 lambda i: (source[i]['image'], -1)),
         captions, np.asarray(owner, np.int32))
   if scheme in ('jsonl', 'array_record'):
     if scheme == 'jsonl':
@@ -246,10 +237,7 @@ def available(cfg) -> Optional[str]:
   scheme, rest = parse(cfg.data)
   try:
     if scheme == 'tfds':
-      name = rest.partition(':')[0]
-      default = (TFDS_RETRIEVAL.get(name, (None, None, None))[2]
-                 or eval_data.TFDS_DATASETS.get(name, (None, 'test'))[1])
-      name, split = _tfds_parts(rest, default)
+      name, split = _tfds_parts(rest)
       record_sources.open_tfds(name, split, cfg.get('data_dir', ''))
     elif scheme in ('folder',) and not os.path.isdir(rest):
       return f'{cfg.data}: no folder {rest}'

@@ -105,9 +105,10 @@ class Evaluator:
       path = os.path.join(out_dir, f'{self.name}.json')
       self.files = [path]
       with open(path, 'w', encoding='utf-8') as f:
-        json.dump(suites.jsonable({'evaluator': self.name, 'config': self.cfg.to_dict(),
-                            'metrics': metrics, 'details': details,
-                            'seconds': seconds}), f, indent=1)
+        json.dump(suites.jsonable({
+            'evaluator': self.name, 'config': self.cfg.to_dict(),
+            'metrics': metrics, 'details': details, 'seconds': seconds}),
+                  f, indent=1)
     return metrics
 
   def _opened(self, open_set: Callable):
@@ -120,10 +121,7 @@ class Evaluator:
   # -- kinds -----------------------------------------------------------------
 
   def _metric_names(self, model: EvalModel) -> list[str]:
-    names = list(self.cfg.get('metrics', ('csd', 'cosine')))
-    if not model.probabilistic:
-      names = [m for m in names if m != 'csd'] or ['cosine']
-    return names
+    return M.scoring_metrics(self.cfg.metrics, model.probabilistic)
 
   def _embed_images(self, model: EvalModel, images, log):
     emb = model.embed_images(images, self.batch_size,

@@ -19,6 +19,15 @@ from prolip_jax.losses import csd
 Array = jax.Array
 
 
+def scoring_metrics(requested, probabilistic: bool) -> list[str]:
+  """The requested scores (``'csd'``, ``'cosine'``) a model can give: CSD
+  needs sigma^2, so a deterministic model is scored by cosine only."""
+  names = list(requested)
+  if not probabilistic:
+    names = [m for m in names if m != 'csd'] or ['cosine']
+  return names
+
+
 def class_gaussians(mu: Array, logvar: Optional[Array]
                     ) -> tuple[Array, Optional[Array]]:
   """Prompt ensemble: ``(C, N, d)`` -> (mean mu ``(C, d)``, mean sigma^2).
