@@ -16,6 +16,8 @@ embeddings, so they work on any model's output:
 * partial views: ``occlude_center`` (zeroed centre square),
   ``keep_indices_for`` (token drop through the model's ``keep_indices``) and
   ``mask_tokens`` (text tokens replaced by [MASK]).
+* changes of drawing style: ``restyle`` (blur, line weight, hue), for the
+  check that an image drawn another way does not look more certain.
 * figures (``fig_*``): matplotlib figures (Agg backend) for the report; the
   caller saves them with ``save_figure``.
 """
@@ -26,6 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from prolip_jax import errors
 from prolip_jax import plotting
 from prolip_jax.losses import inclusion_hypothesis
 
@@ -157,6 +160,60 @@ def occlude_center(images: np.ndarray, fraction: float, value: int = 0
   top, left = (h - sh) // 2, (w - sw) // 2
   images[:, top:top + sh, left:left + sw] = value
   return images
+
+
+STYLE_KINDS = ('blur', 'thicken', 'hue')
+
+
+def parse_style(spec: str) -> tuple[str, float]:
+  """``'blur:1.5'`` -> ``('blur', 1.5)``; a bad spec raises ``ConfigError``
+  naming it (see ``restyle``)."""
+  kind, _, val = spec.partition(':')
+  try:
+    v = float(val)
+  except ValueError:
+    v = float('nan')
+  if kind not in STYLE_KINDS or not np.isfinite(v) or v < 0 or (
+      kind == 'thicken' and (v != int(v) or int(v) % 2 == 0)):
+    raise errors.ConfigError(
+        f"style view must be 'blur:SIGMA', 'thicken:ODD_SIZE' or "
+        f"'hue:FRACTION', got {spec!r}")
+  return kind, v
+
+
+def restyle(images: np.ndarray, spec: str) -> np.ndarray:
+  """The same pictures drawn in another style, content kept.
+
+  ``spec``: ``'blur:R'`` (Gaussian blur of standard deviation R pixels),
+  ``'thicken:K'`` (every stroke spread by a K x K rank filter: the darkest
+  value in the window on a light background, the lightest on a dark one,
+  the background read from the image border) or ``'hue:F'`` (hue rotated by
+  the fraction F of the colour circle; grey pixels stay grey).
+  ``images``: ``(n, h, w, 3)`` uint8 -> the same shape and dtype.
+  """
+  from PIL import Image, ImageFilter  # pylint: disable=g-import-not-at-top
+  kind, v = parse_style(spec)
+  images = np.asarray(images)
+  if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+    raise ValueError(f'restyle needs (n, h, w, 3) uint8 images, got '
+                     f'{images.shape} {images.dtype}')
+  out = np.empty_like(images)
+  for i, im in enumerate(images):
+    pil = Image.fromarray(im)
+    if kind == 'blur':
+      pil = pil.filter(ImageFilter.GaussianBlur(v))
+    elif kind == 'thicken':
+      border = np.concatenate([im[0], im[-1], im[:, 0], im[:, -1]])
+      light = border.mean() > 127
+      size = int(v)
+      pil = pil.filter(ImageFilter.MinFilter(size) if light
+                       else ImageFilter.MaxFilter(size))
+    else:
+      hsv = np.array(pil.convert('HSV'))
+      hsv[..., 0] = (hsv[..., 0].astype(np.int32) + int(round(v * 256))) % 256
+      pil = Image.fromarray(hsv, 'HSV').convert('RGB')
+    out[i] = np.asarray(pil)
+  return out
 
 
 def keep_indices_for(n: int, num_patches: int, keep_ratio: float,

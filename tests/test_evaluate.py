@@ -409,3 +409,14 @@ def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
   assert m[key] == pytest.approx(np.mean(positive[0]), abs=1e-3)
   assert m['uncertainty/inclusion_positive/text_hierarchy_chain'] == \
       pytest.approx(np.mean(np.logical_and.reduce(positive)), abs=1e-3)
+
+  # Image sigma^2 under a change of style, from the library's encode_image.
+  from prolip_jax import uncertainty  # pylint: disable=g-import-not-at-top
+  images = emoji.images('val', cfg.data.render_size)
+  s_orig = uncertainty.sigma2(model.encode_image(images)[1])
+  assert cfg.uncertainty.style_views
+  for spec in cfg.uncertainty.style_views:
+    s_new = uncertainty.sigma2(model.encode_image(
+        uncertainty.restyle(images, spec))[1])
+    key = 'uncertainty/style_not_more_certain/' + spec.replace(':', '_')
+    assert m[key] == pytest.approx(np.mean(s_new >= s_orig), abs=0.01)

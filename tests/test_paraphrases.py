@@ -253,3 +253,30 @@ def test_bad_values_are_config_errors():
   with pytest.raises(errors.ConfigError, match='data.phrasings'):
     eval_data.load_data(ml_collections.ConfigDict(
         {'dataset': 'digits', 'phrasings': 'validation'}))
+
+
+def test_study_configs_are_twins_at_one_budget():
+  """The emoji study: ProLIP and its SigLIP twin differ only in what the
+  objective needs; both train on 'fit' (the validation names held back)
+  with the paraphrase pools, three times the demo's length."""
+  from prolip_jax import config_help  # pylint: disable=g-import-not-at-top
+  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  pro = presets.emoji_study_config('prolip')
+  sig = presets.emoji_study_config('siglip')
+  demo = presets.emoji_demo_config('prolip')
+  for c in (pro, sig):
+    assert (c.data.captions, c.data.split) == ('paraphrases', 'fit')
+    assert c.total_steps == 3 * demo.total_steps
+    assert c.optim.warmup_steps == c.total_steps // 10
+  assert pro.loss.beta < demo.loss.beta  # closer to the paper's 1e-4
+  flat_pro, flat_sig = config_help.flatten(pro), config_help.flatten(sig)
+  differ = {k for k in flat_pro.keys() | flat_sig.keys()
+            if flat_pro.get(k) != flat_sig.get(k)}
+  allowed = ('objective', 'model.use_unc', 'loss.', 'optim.unc_lr_mult')
+  assert differ and all(k.startswith(allowed) for k in differ), sorted(differ)
+  for key in ('batch_size', 'seed', 'data.name', 'model.vision.width',
+              'model.text.layers', 'model.embed_dim', 'optim.lr'):
+    assert flat_pro[key] == flat_sig[key], key
+  # The split the knobs were chosen on is never trained on.
+  assert not {c.name for c in emoji.split('val')} & {
+      c.name for c in emoji.split('fit')}

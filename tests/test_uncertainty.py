@@ -120,6 +120,67 @@ def test_occlude_center_zeroes_the_requested_area():
   assert (img == 255).all()  # input untouched
 
 
+def _strokes(light_background: bool) -> np.ndarray:
+  """Two (24, 24, 3) line drawings: ink 0 on 255 or 255 on 0."""
+  rng = np.random.default_rng(0)
+  img = np.full((2, 24, 24, 3), 255 if light_background else 0, np.uint8)
+  ink = 0 if light_background else 255
+  img[:, 6:18, 11:13] = ink  # a vertical stroke
+  img[:, 8:10, 4:20] = ink  # a horizontal one
+  img[1, rng.integers(4, 20, 12), rng.integers(4, 20, 12)] = ink
+  return img
+
+
+@pytest.mark.parametrize('light', [True, False])
+def test_restyle_thicken_is_a_grey_erosion_or_dilation(light):
+  ndimage = pytest.importorskip('scipy.ndimage')
+  img = _strokes(light)
+  out = U.restyle(img, 'thicken:3')
+  spread = ndimage.grey_erosion if light else ndimage.grey_dilation
+  want = np.stack([spread(im, size=(3, 3, 1)) for im in img])
+  np.testing.assert_array_equal(out[:, 1:-1, 1:-1], want[:, 1:-1, 1:-1])
+  ink = 0 if light else 255
+  assert (out == ink).sum() > (img == ink).sum()  # strokes got wider
+
+
+def test_restyle_blur_is_a_gaussian_filter():
+  ndimage = pytest.importorskip('scipy.ndimage')
+  img = _strokes(True)
+  out = U.restyle(img, 'blur:1.5').astype(np.float64)
+  want = np.stack([ndimage.gaussian_filter(im.astype(np.float64),
+                                           sigma=(1.5, 1.5, 0))
+                   for im in img])
+  # PIL approximates the Gaussian with box blurs: close, not equal.
+  inner = (slice(None), slice(4, -4), slice(4, -4))
+  assert np.abs(out[inner] - want[inner]).mean() < 3.0
+  assert np.abs(out[inner] - want[inner]).max() < 25.0
+  assert np.abs(out - img).max() > 100  # it does blur
+
+
+def test_restyle_hue_rotates_colours_and_keeps_grey():
+  import colorsys  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  img = rng.integers(0, 256, (2, 8, 8, 3)).astype(np.uint8)
+  img[0, 0] = 128  # a grey row stays grey
+  out = U.restyle(img, 'hue:0.5')
+  for y, x in [(1, 2), (3, 5), (6, 7), (7, 0)]:
+    r, g, b = img[1, y, x] / 255.0
+    h, s, v = colorsys.rgb_to_hsv(r, g, b)
+    want = np.array(colorsys.hsv_to_rgb((h + 0.5) % 1.0, s, v)) * 255
+    np.testing.assert_allclose(out[1, y, x], want, atol=6)
+  np.testing.assert_array_equal(out[0, 0], img[0, 0])
+  # No rotation: only the 8-bit HSV round trip's rounding is left.
+  np.testing.assert_allclose(U.restyle(img, 'hue:0'), img, atol=8)
+
+
+@pytest.mark.parametrize('spec', ['blur', 'blur:-1', 'thicken:2',
+                                  'thicken:2.5', 'sepia:1', 'hue:x'])
+def test_restyle_bad_spec_is_a_config_error(spec):
+  from prolip_jax import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.ConfigError, match='style view must be'):
+    U.restyle(np.zeros((1, 4, 4, 3), np.uint8), spec)
+
+
 def test_keep_indices_sorted_unique_and_deterministic():
   k = U.keep_indices_for(4, 16, 0.25, seed=3)
   assert k.shape == (4, 4)

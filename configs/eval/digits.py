@@ -61,6 +61,10 @@ def get_config():
       # patch tokens (training drops 75%), 'occlude:F' zeroes the central F
       # of the image area.
       'image_views': ('drop:0.25', 'occlude:0.25'),
+      # The same digits drawn in another style (blurred; strokes
+      # thickened; grey, so no hue change): the fraction whose sigma^2 is
+      # not below the original's (uncertainty.restyle).
+      'style_views': ('blur:1', 'thicken:3'),
       'text_mask_prob': 0.75,  # as in training
       'inclusion_eps': 0.0,  # eq. 3 without the stability trick
       'num_inclusion_images': 0,  # 0: all

@@ -49,6 +49,11 @@ def get_config():
       # H(original ⊂ partial view): 75% of patch tokens dropped, and the
       # central half of the image area blacked out.
       'image_views': ('drop:0.25', 'occlude:0.5'),
+      # The same images drawn in another style (blurred; strokes
+      # thickened; colours turned half way round the hue circle): the
+      # fraction whose sigma^2 is not below the original's
+      # (uncertainty.restyle).
+      'style_views': ('blur:1.5', 'thicken:3', 'hue:0.5'),
       'text_mask_prob': 0.75,
       'inclusion_eps': 0.0,
       'num_inclusion_images': 0,

@@ -82,6 +82,8 @@ _RULES: list[tuple[str, str, str, Callable]] = [
     ('uncertainty', r'inclusion_positive/text_hierarchy_chain',
      'H > 0 along the whole text hierarchy', pct),
     ('uncertainty', r'inclusion_positive/(.+)', 'H(orig in view) > 0, {0}', pct),
+    ('uncertainty', r'style_not_more_certain/([a-z]+)_(.+)',
+     'restyled image sigma^2 >= original, {0} {1}', pct),
     ('bprw', r'uniform_top(\d+)', 'top-{0}, uniform prompt weights', pct),
     ('bprw', r'inv_trace_top(\d+)', 'top-{0}, 1/tr(Sigma) initial weights',
      pct),

@@ -1,11 +1,13 @@
 """The uncertainty report of paper 4.3: sigma^2 of images vs texts (Fig. 5),
 sigma_t^2 vs caption length (Fig. 6), by hierarchy level (Fig. 7, C.6),
-inclusion of originals in partial views (Fig. 8), extremes (Fig. 4)."""
+inclusion of originals in partial views (Fig. 8), extremes (Fig. 4), and
+image sigma^2 under a change of drawing style (``style_views``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from prolip_jax import errors
 from prolip_jax import uncertainty as U
 from prolip_jax.evaluation.context import Context
 from prolip_jax.evaluation.context import SkipSuite
@@ -15,13 +17,16 @@ def _parse_view(spec: str) -> tuple[str, float, str]:
   """'drop:0.25' (keep 25% of patch tokens) or 'occlude:0.25' (zero the
   central 25% of the area) -> (kind, value, display name)."""
   kind, _, val = spec.partition(':')
-  v = float(val)
-  if kind == 'drop':
+  try:
+    v = float(val)
+  except ValueError:
+    v = float('nan')
+  if kind == 'drop' and 0 < v <= 1:
     return kind, v, f'{1 - v:.0%} patches dropped'
-  if kind == 'occlude':
+  if kind == 'occlude' and 0 <= v <= 1:
     return kind, v, f'{v:.0%} centre occluded'
-  raise ValueError(f"image view must be 'drop:KEEP' or 'occlude:FRACTION', "
-                   f'got {spec!r}')
+  raise errors.ConfigError(
+      f"image view must be 'drop:KEEP' or 'occlude:FRACTION', got {spec!r}")
 
 
 def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
@@ -29,6 +34,10 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
   if not ctx.embedder.probabilistic:
     raise SkipSuite('the uncertainty report needs a probabilistic model')
   data, emb, tok = ctx.data, ctx.embedder, ctx.model.tokenizer
+  views = [_parse_view(spec) for spec in cfg.get('image_views', ())]
+  styles = tuple(cfg.get('style_views', ()))
+  for spec in styles:  # a bad spec fails here, before any embedding
+    U.parse_style(spec)
   metrics, details, figs = {}, {}, []
   img = ctx.image_embeddings()
   s_img = U.sigma2(img[1])
@@ -85,8 +94,8 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
   n_img = int(cfg.get('num_inclusion_images', 0)) or len(data.images)
   sub = np.arange(min(n_img, len(data.images)))
   orig = (img[0][sub], img[1][sub])
-  for spec in cfg.get('image_views', ()):
-    kind, v, name = _parse_view(spec)
+  orig_s2 = s_img[sub]
+  for kind, v, name in views:
     if kind == 'drop':
       view = emb.images(data.images[sub], keep_ratio=v, seed=ctx.seed,
                         desc=f'images, {name}')
@@ -94,6 +103,20 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
       view = emb.images(U.occlude_center(data.images[sub], v),
                         desc=f'images, {name}')
     tests[f'image, {name}'] = U.inclusion_test(orig, view, eps)
+  # A change of drawing style (blur, line weight, hue) keeps what is drawn:
+  # the restyled image should not look *more* certain than the original.
+  style_details = {}
+  for spec in styles:
+    styled = U.sigma2(emb.images(U.restyle(data.images[sub], spec),
+                                 desc=f'images, {spec}')[1])
+    key = spec.replace(':', '_')  # 'blur_1.5': a valid TensorBoard tag
+    metrics[f'style_not_more_certain/{key}'] = float(
+        (styled >= orig_s2).mean())
+    style_details[spec] = {
+        'not_more_certain': float((styled >= orig_s2).mean()),
+        'median_log_ratio': float(np.median(np.log(styled / orig_s2)))}
+  if style_details:
+    details['style'] = style_details
   if levels:
     # The text hierarchy as inclusion (4.4): each caption inside the more
     # general caption one level up, H(level j+1 ⊂ level j) > 0.
