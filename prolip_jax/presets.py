@@ -210,8 +210,8 @@ def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   return c
 
 
-# The emoji study's length: three times the demo's 600 steps (about 15
-# minutes on the 2-core CPU), warm-up kept at a tenth of the run.
+# The emoji study's length: three times the demo's 600 steps (about 14
+# minutes alone on the 2-core CPU), warm-up kept at a tenth of the run.
 STUDY_STEPS = 1800
 # VIB weight of the ProLIP study, chosen on the validation names and
 # phrasings (docs/small_scale_uncertainty.md); the demo's is 0.3.

@@ -109,11 +109,11 @@ def suite_uncertainty(ctx: Context, cfg) -> tuple[dict, dict, list]:
   for spec in styles:
     styled = U.sigma2(emb.images(U.restyle(data.images[sub], spec),
                                  desc=f'images, {spec}')[1])
+    not_more_certain = float((styled >= orig_s2).mean())
     key = spec.replace(':', '_')  # 'blur_1.5': a valid TensorBoard tag
-    metrics[f'style_not_more_certain/{key}'] = float(
-        (styled >= orig_s2).mean())
+    metrics[f'style_not_more_certain/{key}'] = not_more_certain
     style_details[spec] = {
-        'not_more_certain': float((styled >= orig_s2).mean()),
+        'not_more_certain': not_more_certain,
         'median_log_ratio': float(np.median(np.log(styled / orig_s2)))}
   if style_details:
     details['style'] = style_details
