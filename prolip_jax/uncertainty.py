@@ -165,14 +165,20 @@ def occlude_center(images: np.ndarray, fraction: float, value: int = 0
 STYLE_KINDS = ('blur', 'thicken', 'hue')
 
 
+def kind_and_value(spec: str) -> tuple[str, float]:
+  """``'blur:1.5'`` -> ``('blur', 1.5)``, the value NaN where it is not a
+  number; the callers check both and name the spec in their error."""
+  kind, _, val = spec.partition(':')
+  try:
+    return kind, float(val)
+  except ValueError:
+    return kind, float('nan')
+
+
 def parse_style(spec: str) -> tuple[str, float]:
   """``'blur:1.5'`` -> ``('blur', 1.5)``; a bad spec raises ``ConfigError``
   naming it (see ``restyle``)."""
-  kind, _, val = spec.partition(':')
-  try:
-    v = float(val)
-  except ValueError:
-    v = float('nan')
+  kind, v = kind_and_value(spec)
   if kind not in STYLE_KINDS or not np.isfinite(v) or v < 0 or (
       kind == 'thicken' and (v != int(v) or int(v) % 2 == 0)):
     raise errors.ConfigError(

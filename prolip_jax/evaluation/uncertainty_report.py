@@ -16,11 +16,7 @@ from prolip_jax.evaluation.context import SkipSuite
 def _parse_view(spec: str) -> tuple[str, float, str]:
   """'drop:0.25' (keep 25% of patch tokens) or 'occlude:0.25' (zero the
   central 25% of the area) -> (kind, value, display name)."""
-  kind, _, val = spec.partition(':')
-  try:
-    v = float(val)
-  except ValueError:
-    v = float('nan')
+  kind, v = U.kind_and_value(spec)
   if kind == 'drop' and 0 < v <= 1:
     return kind, v, f'{1 - v:.0%} patches dropped'
   if kind == 'occlude' and 0 <= v <= 1:
