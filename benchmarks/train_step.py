@@ -23,10 +23,10 @@ import jax
 from ml_collections import config_flags
 import numpy as np
 
+from prolip_jax import aot_report
 from prolip_jax import sharding as shd
 from prolip_jax import optimizer
 from prolip_jax import train
-from prolip_jax.objectives import prolip as prolip_objective
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -42,41 +42,11 @@ flags.DEFINE_list('sweep_batch', [], 'Global batch sizes to sweep (with '
 flags.DEFINE_list('sweep_remat', [], 'model.remat values to sweep '
                   '(true,false); empty: the config\'s.')
 
-# Dense bf16 peak TFLOP/s per device (vendor figures).
-_PEAKS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'TPU v4': 275.0,
-          'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
-          'TPU v6': 918.0}
-
-
 def device_peak_tflops(device) -> float:
-  kind = getattr(device, 'device_kind', '')
-  for name, peak in _PEAKS.items():
-    if name.lower() in kind.lower():
-      return peak
-  return 0.0
-
-
-def analytic_flops_per_pair(cfg: ModelConfig, masked_fraction: float,
-                            keep_ratio: float) -> float:
-  """Forward+backward FLOPs of one pair (3x forward), as in perf-notes.md.
-
-  Matmul FLOPs 2 * (block params) * tokens plus attention scores and values
-  4 * layers * tokens^2 * width per tower; masked copies add their share.
-  """
-  def tower(width, layers, tokens):
-    block = 12 * width * width  # qkv + out (4 w^2) + MLP (8 w^2)
-    return layers * (2 * block * tokens + 4 * tokens * tokens * width)
-
-  v, t = cfg.vision, cfg.text
-  n_special = 2 if cfg.use_unc else 1
-  img_tokens = cfg.num_patches + n_special
-  txt_tokens = t.context_length + n_special
-  fwd = tower(v.width, v.layers, img_tokens) + tower(t.width, t.layers,
-                                                     txt_tokens)
-  masked_tokens = int(round(cfg.num_patches * keep_ratio)) + n_special
-  fwd += masked_fraction * (tower(v.width, v.layers, masked_tokens)
-                            + tower(t.width, t.layers, txt_tokens))
-  return 3.0 * fwd
+  """Dense bf16 peak TFLOP/s of ``device`` from the one table of chips
+  (``aot_report.CHIPS``); 0 for a kind without a known peak."""
+  chip = aot_report.chip_of_device_kind(getattr(device, 'device_kind', ''))
+  return chip.peak_bf16_flops / 1e12 if chip else 0.0
 
 
 def measure(config, verbose: bool = True) -> dict:
@@ -112,10 +82,9 @@ def measure(config, verbose: bool = True) -> dict:
   xla_flops = float(cost.get('flops', 0.0)) if cost else 0.0
   # cost_analysis is per device program; the step is SPMD over all devices.
   xla_flops_step = xla_flops * jax.device_count()
-  stride = prolip_objective.masking_stride(config.masking.fraction)
-  analytic_step = b * analytic_flops_per_pair(
-      model_cfg, 1.0 / stride if stride else 0.0,
-      config.masking.image_keep_ratio)
+  # The analytic count of prolip_jax.aot and the training loop's MFU.
+  analytic_step = b * aot_report.run_flops_per_pair(
+      config, model_cfg.to_dict())['train']
 
   for _ in range(flags.FLAGS.warmup):
     state, metrics = compiled(state, batch, step_rng)

@@ -209,9 +209,7 @@ def compile_step(config, target: Target, per_device_batch: int
   report['memory'] = mem
   report['fits'] = mem is None or mem['total'] <= target.chip.hbm_bytes
   cost = _cost(compiled)
-  analytic = aot_report.analytic_flops_per_pair(
-      model.config.to_dict(),
-      dict(config.masking) if config.objective == 'prolip' else None)
+  analytic = aot_report.run_flops_per_pair(config, model.config.to_dict())
   flops = {'analytic_per_pair': analytic['train'],
            'analytic_forward_per_pair': analytic['forward'],
            'ceiling_pairs_per_second': (target.chip.peak_bf16_flops

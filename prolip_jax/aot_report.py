@@ -36,10 +36,26 @@ CHIPS = {
     'v6e': Chip('TPU v6e', 32 * GIB, 918e12),
     # H100: device_memory_size of XLA's h100_sxm.txtpb (aot_specs/).
     'h100': Chip('NVIDIA H100 SXM', 84_978_434_048, 989e12),
+    # Not compiled for (no aot target): here for the measured MFU of a run.
+    'h200': Chip('NVIDIA H200 SXM', 141 * 10**9, 989e12),
+    'a100': Chip('NVIDIA A100 SXM4 80GB', 80 * 10**9, 312e12),
 }
 # jax's device_kind of each generation's devices.
 DEVICE_KINDS = {'TPU v4': 'v4', 'TPU v5 lite': 'v5e', 'TPU v5': 'v5p',
-                'TPU v6 lite': 'v6e'}
+                'TPU v6 lite': 'v6e', 'TPU v5e': 'v5e', 'TPU v5p': 'v5p'}
+# jax's device_kind of NVIDIA GPUs (the CUDA device name). SXM parts only:
+# a PCIe or NVL card of the same name has a lower peak, so it gets no MFU
+# rather than a wrong one.
+GPU_DEVICE_KINDS = {'NVIDIA H100 80GB HBM3': 'h100', 'NVIDIA H200': 'h200',
+                    'NVIDIA A100-SXM4-80GB': 'a100'}
+
+
+def chip_of_device_kind(kind: str) -> Optional[Chip]:
+  """The ``CHIPS`` entry of a jax ``device.device_kind`` ('TPU v5 lite',
+  'NVIDIA H100 80GB HBM3', ...); None for a kind without a known peak (a
+  CPU, a PCIe card, an older chip)."""
+  gen = DEVICE_KINDS.get(kind) or GPU_DEVICE_KINDS.get(kind)
+  return CHIPS[gen] if gen else None
 
 _DTYPE_BYTES = {'pred': 1, 's4': 1, 'u4': 1, 's8': 1, 'u8': 1, 'f8e4m3fn': 1,
                 'f8e5m2': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2,
@@ -243,6 +259,17 @@ def analytic_flops_per_pair(model: dict, masking: Optional[dict] = None
     masked = masking['fraction'] * (image(keep) + text())
   return {'forward': forward, 'masked_forward': masked,
           'train': 3 * (forward + masked)}
+
+
+def run_flops_per_pair(config, model: dict) -> dict[str, float]:
+  """``analytic_flops_per_pair`` of a run: ``model`` is the run's
+  ``ModelConfig.to_dict()``; ``config.masking``'s copies count for the
+  ``prolip`` objective only (the one that embeds masked copies). The one
+  count behind ``prolip_jax.aot``'s report, the training loop's measured
+  MFU (``loop_report``) and ``benchmarks/train_step.py``."""
+  masking = (dict(config.masking) if config.objective == 'prolip'
+             else None)
+  return analytic_flops_per_pair(model, masking)
 
 
 # ----------------------------------------------------------------------------

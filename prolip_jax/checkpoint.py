@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import sys
 from typing import Any, Callable, Optional
 
@@ -39,9 +38,12 @@ import orbax.checkpoint as ocp
 
 from prolip_jax import errors
 from prolip_jax import file_names
+from prolip_jax import paths
+from prolip_jax import workdir as workdir_lib
+from prolip_jax.workdir import Workdir
 
-CHECKPOINT_DIR = 'checkpoints'
-UNREADABLE_DIR = 'checkpoints_unreadable'
+CHECKPOINT_DIR = workdir_lib.CHECKPOINT_DIR
+UNREADABLE_DIR = workdir_lib.UNREADABLE_DIR
 TOKENIZER_FILE = file_names.TOKENIZER_MODEL  # the workdir's tokenizer
 ARRAY_ITEMS = ('params', 'opt_state', 'teacher')
 
@@ -69,15 +71,18 @@ class TreeMismatchError(ValueError):
                      f'current config: {shown}')
 
 
-def checkpoint_dir(workdir: str) -> str:
-  """Absolute ``WORKDIR/checkpoints``."""
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+def checkpoint_dir(workdir) -> str:
+  """``WORKDIR/checkpoints`` as text (absolute, or a ``gs://``/``s3://``
+  URL)."""
+  return str(Workdir.of(workdir).checkpoints)
 
 
-def manager(workdir: str, max_to_keep: Optional[int] = 3,
+def manager(workdir, max_to_keep: Optional[int] = 3,
             save_interval_steps: int = 1, read_only: bool = False
             ) -> ocp.CheckpointManager:
-  """A CheckpointManager over ``WORKDIR/checkpoints`` with our three items."""
+  """A CheckpointManager over ``WORKDIR/checkpoints`` with our three items
+  (``UserError`` for a store Orbax cannot write: ``s3://``)."""
+  Workdir.of(workdir).check_checkpoint_store()
   if read_only:  # opens without creating or deleting anything
     options = ocp.CheckpointManagerOptions(create=False)
   else:
@@ -87,8 +92,8 @@ def manager(workdir: str, max_to_keep: Optional[int] = 3,
   # about the others.
   handlers = {name: ocp.StandardCheckpointHandler() for name in ARRAY_ITEMS}
   handlers['meta'] = ocp.JsonCheckpointHandler()
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                               item_handlers=handlers)
+  return ocp.CheckpointManager(Workdir.of(workdir).checkpoints,
+                               options=options, item_handlers=handlers)
 
 
 def _leaf_checksum(x: jax.Array) -> jax.Array:
@@ -182,14 +187,13 @@ def check_tokenizer(meta: dict[str, Any], tokenizer_path: str, owner: str,
   want = meta.get(TOKENIZER_SHA256)
   if not want:
     return
-  if not os.path.isfile(tokenizer_path):
+  if not paths.as_path(tokenizer_path).is_file():
     raise errors.TokenizerError(
         f'{owner} was trained with the tokenizer of sha256 {want[:16]}... '
         f'({meta.get(TOKENIZER_VOCAB)} pieces) but {tokenizer_path} is '
         'missing: put that tokenizer file back there')
   if sha256 is None:
-    from prolip_jax.data.tokenizer import file_sha256  # pylint: disable=g-import-not-at-top
-    sha256 = file_sha256(tokenizer_path)
+    sha256 = paths.sha256(tokenizer_path)
   if sha256 != want:
     raise errors.TokenizerError(
         f'tokenizer {tokenizer_path} (sha256 {sha256[:16]}...) is not the one '
@@ -198,7 +202,7 @@ def check_tokenizer(meta: dict[str, Any], tokenizer_path: str, owner: str,
         '(token ids would differ), or use a new workdir for a new tokenizer')
 
 
-def write_imported(workdir: str, params: Any, config: dict[str, Any],
+def write_imported(workdir, params: Any, config: dict[str, Any],
                    model: dict[str, Any], source: str,
                    tokenizer: Optional[dict[str, Any]] = None):
   """Writes imported weights as step 0 of ``workdir``, without optimizer
@@ -212,7 +216,7 @@ def write_imported(workdir: str, params: Any, config: dict[str, Any],
   meta = {'step': 0, 'config': config, 'model': model,
           'has_opt_state': False, 'imported_from': source,
           'checksums': {'params': checksum(params)[0]}, **(tokenizer or {})}
-  os.makedirs(workdir, exist_ok=True)
+  Workdir.of(workdir).create()
   with manager(workdir) as mngr:
     mngr.save(0, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
@@ -287,8 +291,8 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
   differences = [line for name, target in targets.items()
                  for line in tree_differences(saved[name], target, name)]
   if differences:
-    raise TreeMismatchError(step, os.path.join(str(mngr.directory),
-                                               str(step)), meta, differences)
+    raise TreeMismatchError(step, paths.join(mngr.directory, str(step)),
+                            meta, differences)
   items = {k: ocp.args.StandardRestore(v) for k, v in targets.items()}
   out = mngr.restore(step, args=ocp.args.Composite(**items))
   verify({k: out.get(k) for k in ARRAY_ITEMS}, meta)
@@ -358,7 +362,7 @@ def _newest_readable(mngr: ocp.CheckpointManager, read: Callable[[int], Any],
     except Exception as e:  # pylint: disable=broad-except
       # Any failure to read one step (truncated file, bad checksum, missing
       # item) sends us to the previous step; the message says why.
-      path = os.path.join(str(mngr.directory), str(step))
+      path = paths.join(mngr.directory, str(step))
       first_failure = first_failure or f'step {step} ({path}): {_reason(e)}'
       older = (f'trying step {steps[i + 1]}' if i + 1 < len(steps)
                else 'no older step')
@@ -390,15 +394,7 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_params: Any,
   def move(step):
     if not set_aside or jax.process_index() != 0:
       return ''
-    src = os.path.join(str(mngr.directory), str(step))
-    dst_dir = os.path.join(os.path.dirname(str(mngr.directory)),
-                           UNREADABLE_DIR)
-    os.makedirs(dst_dir, exist_ok=True)
-    dst = os.path.join(dst_dir, str(step))
-    while os.path.exists(dst):
-      dst += '_'
-    shutil.move(src, dst)
-    return f'moved to {dst}'
+    return f'moved to {set_step_aside(mngr.directory, step)}'
 
   found = _newest_readable(
       mngr, lambda step: restore(mngr, step, abstract_params,
@@ -409,15 +405,35 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_params: Any,
   return found
 
 
-def latest_step(workdir: str) -> Optional[int]:
+def set_step_aside(directory, step: int) -> str:
+  """Moves ``directory/<step>`` to ``checkpoints_unreadable/<step>`` beside
+  ``directory`` (``_`` appended while taken); returns the new path. On an
+  object store the move is a copy of every object, then a delete: a kill in
+  between leaves both copies, never neither."""
+  src = paths.as_path(paths.join(directory, str(step)))
+  dst_dir = src.parent.parent / UNREADABLE_DIR
+  if not paths.is_remote(dst_dir):
+    dst_dir.mkdir(parents=True, exist_ok=True)
+  dst = dst_dir / str(step)
+  while dst.exists():
+    dst = dst_dir / (dst.name + '_')
+  if paths.is_remote(src):
+    paths.copy_tree(src, dst)
+    src.rmtree()
+  else:
+    src.rename(dst)
+  return str(dst)
+
+
+def latest_step(workdir) -> Optional[int]:
   """The newest checkpointed step under ``workdir``, or None."""
-  if not os.path.isdir(checkpoint_dir(workdir)):
+  if not Workdir.of(workdir).has_checkpoints():
     return None
   with manager(workdir, read_only=True) as mngr:
     return mngr.latest_step()
 
 
-def load_params(workdir: str, step: Optional[int] = None,
+def load_params(workdir, step: Optional[int] = None,
                 item: str = 'params') -> tuple[Any, dict[str, Any]]:
   """Parameters (host numpy/jax arrays) and meta of one checkpoint.
 
@@ -427,7 +443,7 @@ def load_params(workdir: str, step: Optional[int] = None,
   ``FileNotFoundError`` with the path when there is no checkpoint (or no
   teacher in it).
   """
-  if not os.path.isdir(checkpoint_dir(workdir)):
+  if not Workdir.of(workdir).has_checkpoints():
     raise FileNotFoundError(f'no checkpoints under {checkpoint_dir(workdir)}')
   with manager(workdir, read_only=True) as mngr:
     if step is not None and step not in mngr.all_steps():

@@ -235,6 +235,17 @@ KEYS: dict[str, Key] = {
                  '{kind, data, every_steps, ...}} (evaluation/evaluators.py)'),
     'log_every_steps': Key(20, 'progress line and metrics.jsonl row '
                            'interval'),
+    # -- reporting (may change on resume; docs/training.md)
+    'profile_steps': Key('', 'A:B: jax.profiler trace of steps A..B into '
+                         'WORKDIR/tensorboard (empty: none)'),
+    'wandb.project': Key('', 'Weights & Biases project: every metrics.jsonl '
+                         'row also goes to W&B (empty: off; needs pip '
+                         'install wandb)'),
+    'wandb.entity': Key('', 'W&B entity (team or user; empty: your '
+                        'default)'),
+    'wandb.name': Key('', 'W&B run name (empty: the workdir folder name)'),
+    'wandb.mode': Key('', 'online | offline | disabled (empty: WANDB_MODE, '
+                      'else online)'),
     'checkpoint_every_steps': Key(200, 'Orbax checkpoint interval (also on '
                                   'SIGTERM)'),
     'keep_checkpoints': Key(3, 'newest checkpoints kept; older ones are '
@@ -244,6 +255,11 @@ KEYS: dict[str, Key] = {
                                'skipped)'),
     'debug_nan_steps': Key((), "fault injection for tests: make these "
                            "steps' loss NaN"),
+    'debug_raise_at_step': Key(0, 'fault injection for tests: raise a '
+                               'RuntimeError after this step (0: never)'),
+    'debug_raise_process': Key(-1, 'fault injection for tests: the process '
+                               'that raises at debug_raise_at_step (-1: '
+                               'every process)'),
     'mesh.data': Key(-1, 'data-parallel axis size (-1: the rest)'),
     'mesh.fsdp': Key(1, 'FSDP axis size'),
     'mesh.num_devices': Key(0, 'devices used (0: all)'),

@@ -11,8 +11,20 @@ Exit statuses of ``prolip_jax.main``:
   2  a user error (config, missing file, bad data, held workdir, config drift,
      training diverged): nothing was lost, the message says what to do;
   75 stopped by SIGTERM (preempted) after saving a checkpoint: run the same
-     command again to resume (75 is ``EX_TEMPFAIL`` of sysexits.h);
+     command again to resume (75 is ``EX_TEMPFAIL`` of sysexits.h); in a
+     multi-host run a SIGTERM or Ctrl-C on any host stops every host after
+     the same step, each saves its part of one checkpoint and exits 75;
+  130 Ctrl-C, as a shell reports it (a checkpoint is saved first; in a
+     multi-host run the host that got it exits 130 after the common stop
+     above; a second Ctrl-C leaves at once);
   1  a bug: a traceback is printed.
+
+In a multi-host run every failure also ends with one line ``error: process
+I of N (HOST): ...`` naming the host, and the process leaves without waiting
+for the others (``end_distributed_process``); the coordination service then
+ends the other hosts (exit status 134, its ``Terminating process because the
+JAX distributed service detected fatal errors`` message) within its
+heartbeat timeout (``prolip_jax.main.HEARTBEAT_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -23,12 +35,20 @@ import errno
 import logging
 import os
 import re
+import socket
 import sys
+import threading
 import traceback
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+EXIT_BUG = 1
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports after Ctrl-C
+# How long a failing process of a multi-host run waits for the others at
+# JAX's shutdown barrier (they reach it when they failed alike) before it
+# leaves anyway.
+SHUTDOWN_GRACE_S = 10.0
 
 
 class UserError(Exception):
@@ -181,6 +201,58 @@ def debug_requested(argv: Optional[Sequence[str]] = None) -> bool:
       '--debug' in argv)
 
 
+def distributed_process() -> Optional[tuple[int, int]]:
+  """``(process index, process count)`` when this process is one of several
+  of a ``jax.distributed`` run, else None.
+
+  Read from JAX's distributed state (jax only when already imported), not
+  from ``jax.process_index()``, which could start a backend in an error
+  path."""
+  jax = sys.modules.get('jax')
+  if jax is None or not jax.distributed.is_initialized():
+    return None
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  state = distributed.global_state
+  if (state.num_processes or 1) <= 1:
+    return None
+  return state.process_id, state.num_processes
+
+
+def _first_line(exc: BaseException) -> str:
+  """``Type: first line of the message`` (the traceback has the rest)."""
+  lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
+  return type(exc).__name__ + (f': {lines[0]}' if lines else '')
+
+
+def end_distributed_process(text: str, status: int):
+  """Ends this process of a multi-host run with ``status`` after one line
+  ``error: process I of N (HOST): text``; never returns.
+
+  JAX's atexit ``jax.distributed.shutdown()`` is a barrier of every process:
+  after a failure on this host alone, the others are stuck in a collective,
+  it would wait ``shutdown_timeout_seconds`` (5 minutes) and then abort
+  every process. So the shutdown is tried for ``SHUTDOWN_GRACE_S`` only (it
+  completes when every host failed alike: divergence, a config error), then
+  the process leaves with ``os._exit``; the coordination service sees it
+  gone (its socket, or its heartbeats within the heartbeat timeout) and
+  ends the other processes.
+  """
+  index, count = distributed_process() or (0, 1)
+  print(f'error: process {index} of {count} ({socket.gethostname()}): '
+        f'{text}', file=sys.stderr, flush=True)
+  import jax  # pylint: disable=g-import-not-at-top
+  shutdown = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+  shutdown.start()
+  shutdown.join(SHUTDOWN_GRACE_S)
+  multiprocessing = sys.modules.get('multiprocessing')
+  if multiprocessing is not None:  # os._exit leaves no orphan workers
+    for child in multiprocessing.active_children():
+      child.terminate()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
+
+
 def cli_main(fn: Callable[[], Optional[int]],
              argv: Optional[Sequence[str]] = None) -> int:
   """Runs a command's body ``fn``; returns its exit status.
@@ -191,7 +263,10 @@ def cli_main(fn: Callable[[], Optional[int]],
   permission denied, found anywhere in the exception's chain) prints one line
   ``error: ...`` and gives ``EXIT_USER_ERROR``; its traceback only with
   ``--debug`` / ``PROLIP_DEBUG=1``. Anything else is a bug and propagates
-  with its traceback (exit status 1).
+  with its traceback (exit status 1). In a multi-host run any of these, and
+  a ``KeyboardInterrupt``, end the process through
+  ``end_distributed_process`` (one line naming the host; no wait for the
+  other hosts).
   """
   debug = debug_requested(argv)
   quiet = _QuietUserErrorLogs()
@@ -204,16 +279,26 @@ def cli_main(fn: Callable[[], Optional[int]],
   try:
     status = fn()
     return status if isinstance(status, int) else 0
-  except (SystemExit, KeyboardInterrupt):
+  except SystemExit:
+    raise
+  except KeyboardInterrupt:
+    if distributed_process() is not None:
+      end_distributed_process('interrupted (Ctrl-C) before the hosts could '
+                              'stop together', EXIT_INTERRUPTED)
     raise
   except BaseException as e:  # pylint: disable=broad-except
     found = user_error_of(e)
     if found is None:
+      if distributed_process() is not None:
+        traceback.print_exc()
+        end_distributed_process(_first_line(e), EXIT_BUG)
       raise
     if debug:
       traceback.print_exc()
     else:  # ... and while Python shuts down ('Exception ignored in ...')
       sys.unraisablehook = lambda unraisable: None
+    if distributed_process() is not None:
+      end_distributed_process(message(found), EXIT_USER_ERROR)
     print(f'error: {message(found)}', file=sys.stderr, flush=True)
     reported = True
     return EXIT_USER_ERROR

@@ -46,16 +46,21 @@ training fine-tunes it with a fresh AdamW (the rule of
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
 import os
 import re
+import shutil
+import tempfile
 from typing import Any, Optional
 
 from prolip_jax import convert
 from prolip_jax import errors
 from prolip_jax import file_names
+from prolip_jax import manifest
+from prolip_jax import paths
 from prolip_jax.config_keys import CLIP_MEAN
 from prolip_jax.config_keys import CLIP_STD
 from prolip_jax.file_names import CONFIG_FILE
@@ -87,8 +92,27 @@ def is_hub_id(path_or_repo: str) -> bool:
 
 
 def is_snapshot(path: str) -> bool:
-  """Whether ``path`` is a directory holding ``model.safetensors``."""
+  """Whether ``path`` (a local folder, ``gs://`` or ``s3://``) holds
+  ``model.safetensors`` (or, remote, an export's manifest)."""
+  if paths.is_remote(path):
+    folder = paths.parse(path)
+    return ((folder / WEIGHTS_FILE).exists()
+            or (folder / manifest.MANIFEST_FILE).exists())
   return os.path.isfile(os.path.join(path, WEIGHTS_FILE))
+
+
+_DOWNLOADED: dict[str, str] = {}
+
+
+def _download_export(url: str) -> str:
+  """A local copy of the object-store export ``url`` (its manifest's
+  files, checked), made once per process."""
+  if url not in _DOWNLOADED:
+    local = tempfile.mkdtemp(prefix='prolip_jax-export-')
+    atexit.register(shutil.rmtree, local, True)
+    manifest.download(url, local)
+    _DOWNLOADED[url] = local
+  return _DOWNLOADED[url]
 
 
 def download(repo: str, allow_patterns: Optional[list[str]] = None) -> str:
@@ -137,6 +161,8 @@ def resolve(path_or_repo: str) -> str:
   ``hf-hub:OWNER/NAME[@REVISION]``); checks config.json and the weights."""
   if is_hub_id(path_or_repo):
     path = download(path_or_repo)
+  elif paths.is_remote(path_or_repo):
+    path = _download_export(str(paths.parse(path_or_repo)))
   else:
     path = os.path.abspath(path_or_repo)
     if not os.path.isdir(path):
@@ -145,6 +171,11 @@ def resolve(path_or_repo: str) -> str:
     if not os.path.isfile(os.path.join(path, name)):
       raise SnapshotError(f'{path} is not a model snapshot: it has no {name} '
                           f'(has {sorted(os.listdir(path))})')
+  listed = manifest.read(path)
+  if listed is not None:  # an export of ours: the model's bytes are checked
+    # (the tokenizer has its own check, which an explicit tokenizer= skips)
+    manifest.verify(path, listed, path,
+                    names=(CONFIG_FILE, WEIGHTS_FILE, PROJECT_FILE))
   return path
 
 
@@ -340,7 +371,7 @@ RUN_MODEL_KEYS = ('compute_dtype', 'remat', 'remat_policy', 'scan',
                   'attention_impl')
 
 
-def prepare_init_from(config, workdir: str):
+def prepare_init_from(config, workdir):
   """Applies ``config.init_from`` (snapshot dir or ``hf-hub:...``) to a run.
 
   Without ``init_from`` the config comes back unchanged. Otherwise the

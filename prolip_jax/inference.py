@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Optional, Sequence
 
 import jax
@@ -21,6 +20,7 @@ from prolip_jax import errors
 from prolip_jax import file_names
 from prolip_jax import hub
 from prolip_jax import objectives
+from prolip_jax import paths
 from prolip_jax.config_keys import CLIP_MEAN
 from prolip_jax.config_keys import CLIP_STD
 from prolip_jax.data import image_decode
@@ -34,6 +34,7 @@ from prolip_jax.evaluation import metrics
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.workdir import Workdir
 
 
 
@@ -190,20 +191,21 @@ def load(path: str, step: Optional[int] = None,
     tokenizer: snapshots only: a tokenizer file, directory or
       ``hf-hub:NAME`` to use instead of the snapshot's own.
   """
-  if hub.is_hub_id(path) or hub.is_snapshot(path) or (
-      os.path.isfile(os.path.join(path, file_names.CONFIG_FILE))
-      and not os.path.isdir(checkpoint.checkpoint_dir(path))):
+  if hub.is_hub_id(path) or hub.is_snapshot(path):
     return load_snapshot(path, tokenizer=tokenizer)
-  path = os.path.abspath(path)
-  params, meta = checkpoint.load_params(path, step)
+  workdir = Workdir(path, 'model path')
+  if not workdir.has_checkpoints() and (
+      workdir.root / file_names.CONFIG_FILE).is_file():
+    return load_snapshot(path, tokenizer=tokenizer)
+  params, meta = checkpoint.load_params(workdir, step)
   model_cfg = ModelConfig.from_config(meta['model'])
   run_cfg = meta.get('config', {})
   data = run_cfg.get('data', {})
-  tok_path = os.path.join(path, checkpoint.TOKENIZER_FILE)
   owner = (f'checkpoint step {meta.get("step")} under '
-           f'{checkpoint.checkpoint_dir(path)}')
-  checkpoint.check_tokenizer(meta, tok_path, owner)
-  tokenizer = tokenizer_from_config(tok_path, run_cfg,
+           f'{workdir.checkpoints}')
+  checkpoint.check_tokenizer(meta, workdir.tokenizer, owner)
+  tokenizer = tokenizer_from_config(paths.local_copy(workdir.tokenizer),
+                                    run_cfg,
                                     model_cfg.text.context_length,
                                     pad_id=model_cfg.text.pad_id)
   require_finite(params, owner)

@@ -7,7 +7,9 @@ value can be overridden, e.g. ``--config.total_steps=100``;
 
 Exit statuses (``prolip_jax/errors.py``): 0 finished, 2 a user error (one
 line ``error: ...``; ``--debug`` or ``PROLIP_DEBUG=1`` adds the traceback),
-75 stopped by SIGTERM after saving (resume with the same command), 1 a bug.
+75 stopped by SIGTERM after saving (resume with the same command; in a
+multi-host run SIGTERM or Ctrl-C on any host stops every host after the same
+step), 130 Ctrl-C, 1 a bug.
 """
 
 from __future__ import annotations
@@ -94,16 +96,28 @@ def _parse(argv: list[str]):
   return flags.FLAGS.config
 
 
+# A host that stops sending heartbeats this long is declared dead by the
+# coordination service, which then ends every other process: a host that
+# failed alone (errors.end_distributed_process) ends the others this fast.
+# JAX's default, 100 s, would leave them stuck in a collective for longer.
+HEARTBEAT_TIMEOUT_S = 30
+
+
 def _distributed_init():
+  """``jax.distributed.initialize`` for multi-host runs. It also starts
+  JAX's preemption sync manager, which takes SIGTERM on every host
+  (progress.StopFlag)."""
   import jax  # pylint: disable=g-import-not-at-top
   fl = flags.FLAGS
   if fl.coordinator_address or fl.num_processes:
     jax.distributed.initialize(coordinator_address=fl.coordinator_address,
                                num_processes=fl.num_processes,
-                               process_id=fl.process_id)
+                               process_id=fl.process_id,
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   elif os.environ.get('SLURM_NTASKS', '1') != '1' or os.environ.get(
       'TPU_WORKER_HOSTNAMES'):
-    jax.distributed.initialize()  # auto-detects the cluster
+    jax.distributed.initialize(  # auto-detects the cluster
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
 
 
 def run(argv: list[str]) -> int:
@@ -125,6 +139,8 @@ def run(argv: list[str]) -> int:
     summary = train.train_and_evaluate(
         config, flags.FLAGS.workdir,
         allow_fresh_start=flags.FLAGS.allow_fresh_start)
+    if summary.get('interrupted'):  # Ctrl-C here, on one host of several
+      return errors.EXIT_INTERRUPTED
     return errors.EXIT_PREEMPTED if summary.get('preempted') else 0
 
   return errors.cli_main(body, argv)

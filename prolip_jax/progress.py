@@ -6,21 +6,25 @@ from __future__ import annotations
 import json
 import logging as pylogging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Callable, Optional
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 
 from prolip_jax import errors
+from prolip_jax import paths
+from prolip_jax import step_timing
+from prolip_jax.workdir import Workdir
 
 
-def _rows_up_to(path: str, step: int) -> tuple[list[str], int, int]:
+def _rows_up_to(data: bytes, step: int) -> tuple[list[str], int, int]:
   """``(lines to keep, rows dropped beyond step, partial lines dropped)``
-  of a ``metrics.jsonl``."""
-  with open(path, 'rb') as f:
-    data = f.read()
+  of a ``metrics.jsonl``'s bytes."""
   kept, beyond, partial = [], 0, 0
   for raw in data.split(b'\n'):
     if not raw.strip():
@@ -38,22 +42,18 @@ def _rows_up_to(path: str, step: int) -> tuple[list[str], int, int]:
   return kept, beyond, partial
 
 
-def truncate_metrics(path: str, step: int) -> Optional[str]:
-  """Drops the rows of ``metrics.jsonl`` logged after ``step`` (a resumed
-  run logs those steps again) and any line cut short (a kill mid-write), so
-  every step appears once; the file is replaced atomically. Returns a
-  one-line note when something was dropped, else None."""
-  if not os.path.exists(path):
+def truncate_metrics(path, step: int) -> Optional[str]:
+  """Drops the rows of ``metrics.jsonl`` (local or remote) logged after
+  ``step`` (a resumed run logs those steps again) and any line cut short (a
+  kill mid-write), so every step appears once; the file is replaced whole.
+  Returns a one-line note when something was dropped, else None."""
+  path = paths.as_path(path)
+  if not path.exists():
     return None
-  kept, beyond, partial = _rows_up_to(path, step)
+  kept, beyond, partial = _rows_up_to(path.read_bytes(), step)
   if not beyond and not partial:
     return None
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(''.join(line + '\n' for line in kept))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  paths.write_text(path, ''.join(line + '\n' for line in kept))
   parts = []
   if beyond:
     parts.append(f'{beyond} row(s) logged after step {step}, which is '
@@ -66,24 +66,39 @@ def truncate_metrics(path: str, step: int) -> Optional[str]:
 class MetricWriter:
   """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars.
 
-  Only the writer that is ``enabled`` (the chief process) touches the file.
+  Only the writer that is ``enabled`` (the chief process) touches the files.
   ``resume_step``: the step the run restarts from; rows beyond it and lines
   cut short by a kill are dropped first (``truncate_metrics``).
+
+  On a local workdir rows are appended. An object can be neither appended
+  to nor renamed, so on ``gs://``/``s3://`` the writer keeps the file's text
+  and uploads it whole at every ``write`` (one object write per logged step;
+  a kill leaves the previous complete object), and TensorBoard writes its
+  event file in a local folder that is uploaded whole after each flush.
   """
 
-  def __init__(self, workdir: str, enabled: bool,
+  def __init__(self, workdir, enabled: bool,
                resume_step: Optional[int] = None):
+    wd = Workdir.of(workdir)
     self.enabled = enabled
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = wd.metrics
+    self.remote = wd.remote
     self.tb = None
+    self._tb_local: Optional[str] = None
+    self._tb_dest = wd.tensorboard
+    self._text = ''
     if enabled and resume_step is not None:
       note = truncate_metrics(self.path, resume_step)
       if note:
         print(f'note: {note}', file=sys.stderr, flush=True)
+    if enabled and self.remote and self.path.exists():
+      self._text = self.path.read_text()
     if enabled:
       try:
         from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-        self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+        if self.remote:
+          self._tb_local = tempfile.mkdtemp(prefix='prolip_jax-tb-')
+        self.tb = SummaryWriter(self._tb_local or str(self._tb_dest))
         # A skipped step's NaN loss is logged on purpose.
         pylogging.getLogger('tensorboardX.x2num').setLevel(pylogging.ERROR)
       except ImportError:  # TensorBoard output is a convenience
@@ -94,31 +109,117 @@ class MetricWriter:
       return
     row = {'step': int(step)}
     row.update({k: float(v) for k, v in scalars.items()})
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
+    line = json.dumps(row) + '\n'
+    if self.remote:
+      self._text += line
+      paths.write_text(self.path, self._text)
+    else:
+      with open(self.path, 'a') as f:
+        f.write(line)
     if self.tb is not None:
       for k, v in scalars.items():
         self.tb.add_scalar(k, float(v), int(step))
       self.tb.flush()
+      if self._tb_local is not None:
+        paths.upload_tree(self._tb_local, self._tb_dest)
 
   def close(self):
     if self.tb is not None:
       self.tb.close()
+      if self._tb_local is not None:
+        paths.upload_tree(self._tb_local, self._tb_dest)
+        shutil.rmtree(self._tb_local, ignore_errors=True)
+        self._tb_local = None
+
+
+def _preemption_sync_available() -> bool:
+  """Whether JAX's preemption sync manager runs (``jax.distributed`` is
+  initialized and ``jax_enable_preemption_service`` is on)."""
+  if not jax.distributed.is_initialized():
+    return False
+  try:
+    # Records call 0, which the manager starts from anyway.
+    multihost_utils.reached_preemption_sync_point(0)
+    return True
+  except RuntimeError:  # the preemption service is switched off
+    return False
 
 
 class StopFlag:
-  """Turns SIGTERM into a checkpoint-then-exit at the next step boundary."""
+  """A checkpoint-then-exit at a step boundary on SIGTERM (preemption), the
+  same step on every host; ``stop`` says when, ``at_step`` is called once per
+  step.
+
+  One process: a Python SIGTERM handler sets ``stop``; Ctrl-C stays a
+  ``KeyboardInterrupt`` (the loop saves, then re-raises it).
+
+  Several processes: a host that leaves alone leaves the others waiting in
+  the next collective or checkpoint barrier forever, so the stop goes
+  through JAX's preemption sync manager (started by
+  ``jax.distributed.initialize``). Its C++ notifier owns SIGTERM, and a
+  Python handler installed after it would replace it (measured), so none is
+  installed. A notice on any host reaches all of them through the
+  coordination service, which picks the step after the furthest host's;
+  ``at_step`` asks for it (``multihost_utils.reached_preemption_sync_point``)
+  and ``stop`` turns true on every host after that same step. The first
+  Ctrl-C is turned into such a notice (``interrupted`` remembers it); a
+  second one interrupts at once. ``close`` gives Ctrl-C back.
+  """
 
   def __init__(self):
     self.stop = False
+    self.interrupted = False  # a Ctrl-C on this host asked for the stop
+    self._calls = 0  # at_step calls: the same count on every host
+    self._sigint = None
+    self.synced = jax.process_count() > 1 and _preemption_sync_available()
+    if self.synced:
+      self._sigint = self._install(signal.SIGINT, self._ctrl_c_to_notice)
+      return
+    if jax.process_count() > 1:
+      logging.warning('JAX preemption service off: SIGTERM stops this host '
+                      'only, the others will wait for it')
+    self._install(signal.SIGTERM, self._handler)
+
+  @staticmethod
+  def _install(signum, handler):
+    """Installs ``handler``; returns the previous one (None outside the main
+    thread, where handlers cannot be installed)."""
     try:
-      signal.signal(signal.SIGTERM, self._handler)
+      return signal.signal(signum, handler)
     except ValueError:  # not in the main thread
-      pass
+      return None
 
   def _handler(self, signum, frame):
     del signum, frame
     self.stop = True
+
+  def _ctrl_c_to_notice(self, signum, frame):
+    """Ctrl-C on one host of several: a preemption notice, which the C++
+    notifier's SIGTERM handler takes like the scheduler's."""
+    del signum, frame
+    self.interrupted = True
+    signal.signal(signal.SIGINT, self._sigint)  # the next Ctrl-C interrupts
+    print('Ctrl-C: every host stops at the next common step and saves '
+          '(Ctrl-C again to interrupt at once)', file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  def at_step(self, step: int):
+    """After each step (``step``: the step just done), on every host."""
+    if not self.synced or self.stop:
+      return
+    # Counted from 1 in every process, like the manager's own counter: a
+    # notice before the first call then stops after the first step.
+    self._calls += 1
+    if multihost_utils.reached_preemption_sync_point(self._calls):
+      self.stop = True
+      status(f'Process {jax.process_index()} of {jax.process_count()}: '
+             f'preemption notice; every host stops after step {step}')
+
+  def close(self):
+    """Gives Ctrl-C its previous handler (several processes)."""
+    if self._sigint is not None:
+      signal.signal(signal.SIGINT, self._sigint)
+      self._sigint = None
 
 
 class NonFiniteMonitor:
@@ -179,7 +280,9 @@ def fmt_time(seconds: float) -> str:
 
 def progress_line(step: int, total: int, m: dict[str, float], eta: float,
                    elapsed: float) -> str:
-  """``[step/total] loss ...``: the real loss (nan on a skipped step)."""
+  """``[step/total] loss ...``: the real loss (nan on a skipped step), the
+  step time split into data wait and device work, and the MFU (where the
+  row has them: ``step_timing.progress_text``)."""
   extra = ''
   if 'sigma2_img' in m:
     extra = f" s2_img {m['sigma2_img']:.2e} s2_txt {m['sigma2_txt']:.2e}"
@@ -189,5 +292,6 @@ def progress_line(step: int, total: int, m: dict[str, float], eta: float,
     extra += f" skipped {int(m['nonfinite_steps'])} non-finite step(s)"
   return (f"[{step}/{total}] loss {m['loss']:.4f} a {m['scale']:.2f} "
           f"b {m['bias']:.2f}{extra} lr {m['lr']:.2e} "
-          f"{m['samples_per_sec']:.0f} samples/s, ETA {fmt_time(eta)} "
+          f"{m['samples_per_sec']:.0f} samples/s"
+          f'{step_timing.progress_text(m)}, ETA {fmt_time(eta)} '
           f'(elapsed {fmt_time(elapsed)})')

@@ -9,7 +9,6 @@ Every refusal here is one line and changes nothing on disk
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Callable, Optional
 
 from absl import logging
@@ -19,11 +18,12 @@ import jax.numpy as jnp
 from prolip_jax import checkpoint
 from prolip_jax import config_drift
 from prolip_jax import errors
+from prolip_jax.workdir import Workdir
 
-def stored_meta(workdir: str) -> Optional[tuple[int, dict]]:
+def stored_meta(workdir) -> Optional[tuple[int, dict]]:
   """``(step, meta)`` of the workdir's newest checkpoint whose meta reads,
   or None (no checkpoints)."""
-  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
+  if not Workdir.of(workdir).has_checkpoints():
     return None
   with checkpoint.manager(workdir, read_only=True) as mngr:
     return stored_config(mngr)
@@ -40,10 +40,10 @@ def stored_config(mngr) -> Optional[tuple[int, dict]]:
   return None
 
 
-def check_drift(config, workdir: str, is_chief: bool):
+def check_drift(config, workdir, is_chief: bool):
   """Stops on settings that would change the model or the data of the run
   stored in the workdir; prints the other changes (they apply)."""
-  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
+  if not Workdir.of(workdir).has_checkpoints():
     return
   with checkpoint.manager(workdir, read_only=True) as mngr:
     stored = stored_config(mngr)
@@ -61,19 +61,20 @@ def check_drift(config, workdir: str, is_chief: bool):
           + '; '.join(applied), flush=True)
 
 
-def check_nothing_set_aside(workdir: str, allow_fresh_start: bool):
+def check_nothing_set_aside(workdir, allow_fresh_start: bool):
   """Refuses to train from step 0 over checkpoints that an earlier run set
   aside as unreadable (``checkpoints/`` empty or missing,
   ``checkpoints_unreadable/`` not): a week of training is not restarted
   without being asked to."""
-  aside = os.path.join(workdir, checkpoint.UNREADABLE_DIR)
-  if allow_fresh_start or not os.path.isdir(aside) or not os.listdir(aside):
+  aside = Workdir.of(workdir).unreadable
+  if allow_fresh_start or not aside.is_dir():
     return
-  if checkpoint.latest_step(workdir) is not None:
+  held = sorted(p.name for p in aside.iterdir())
+  if not held or checkpoint.latest_step(workdir) is not None:
     return
   raise errors.CheckpointError(
       f'{checkpoint.checkpoint_dir(workdir)} has no checkpoint but {aside} '
-      f'holds {sorted(os.listdir(aside))}, set aside as unreadable; nothing '
+      f'holds {held}, set aside as unreadable; nothing '
       'was changed: restore a readable copy into checkpoints/, or pass '
       '--allow_fresh_start (train_and_evaluate(..., allow_fresh_start=True)) '
       'to train from step 0 anyway')

@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Any, Callable, Optional
 
@@ -33,12 +34,15 @@ from prolip_jax import checkpoint
 from prolip_jax import config_keys
 from prolip_jax import errors
 from prolip_jax import hub
+from prolip_jax import loop_report
 from prolip_jax import models
 from prolip_jax import objectives
+from prolip_jax import paths
 from prolip_jax.optimizer import make_optimizer
 from prolip_jax import progress
 from prolip_jax import resume
 from prolip_jax import sharding as shd
+from prolip_jax import wandb_sink
 from prolip_jax.data import pipeline
 from prolip_jax.data import records
 from prolip_jax.data import sources
@@ -50,6 +54,7 @@ from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.workdir import Workdir
 from prolip_jax.workdir_lock import WorkdirLock
 
 
@@ -116,43 +121,57 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
 # Set-up helpers
 
 
-def setup_tokenizer(config, workdir: str, corpus: Optional[Callable[[], list]],
+def setup_tokenizer(config, workdir, corpus: Optional[Callable[[], list]],
                     stored: Optional[tuple[int, dict]] = None) -> Tokenizer:
   """The run's tokenizer, kept at ``WORKDIR/tokenizer.model``.
 
-  A configured ``tokenizer.model_path`` is copied there; without one, a
-  sentencepiece model is trained on the dataset's captions at first run and
-  reused on every later run (and by ``prolip_jax.load``). ``stored``:
-  ``(step, meta)`` of the checkpoint being resumed; a tokenizer other than
-  the one recorded there (or a missing one) raises ``errors.TokenizerError``
-  before any tokenizer is trained.
+  A configured ``tokenizer.model_path`` (local or ``gs://``/``s3://``) is
+  copied there; without one, a sentencepiece model is trained on the
+  dataset's captions at first run and reused on every later run (and by
+  ``prolip_jax.load``). ``stored``: ``(step, meta)`` of the checkpoint being
+  resumed; a tokenizer other than the one recorded there (or a missing one)
+  raises ``errors.TokenizerError`` before any tokenizer is trained.
   """
-  path = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  wd = Workdir.of(workdir)
+  path = wd.tokenizer
   step, meta = stored if stored is not None else (None, {})
-  owner = f'checkpoint step {step} under {checkpoint.checkpoint_dir(workdir)}'
-  if (meta.get(checkpoint.TOKENIZER_SHA256) and not os.path.exists(path)
+  owner = f'checkpoint step {step} under {wd.checkpoints}'
+  if (meta.get(checkpoint.TOKENIZER_SHA256) and not path.exists()
       and not config.tokenizer.model_path):
     checkpoint.check_tokenizer(meta, path, owner)  # refuses: file missing
   if config.tokenizer.model_path:
-    if jax.process_index() == 0 and not os.path.exists(path):
-      atomic.copy_file(config.tokenizer.model_path, path)
-    src = config.tokenizer.model_path
+    src = paths.parse(config.tokenizer.model_path, 'tokenizer.model_path')
+    if not src.is_file():
+      raise FileNotFoundError(f'tokenizer file not found: {src}')
+    local = paths.local_copy(src)
+    # Read before it is copied: a file that is no tokenizer stays out of
+    # the workdir (a corrected run would otherwise find it there).
+    tokenizer = tokenizer_from_config(local, config,
+                                      config.model.text.context_length)
+    if jax.process_index() == 0 and not path.exists():
+      paths.copy_file(src, path)
   else:
-    if corpus is None and not os.path.exists(path):
+    if corpus is None and not path.exists():
       raise ValueError('tokenizer.model_path is empty and the dataset '
                        f'{config.data.name!r} has no caption corpus to train '
                        'one on')
-    if jax.process_index() == 0 and not os.path.exists(path):
+    if jax.process_index() == 0 and not path.exists():
       sentences = corpus()
       progress.status(f'Training a sentencepiece tokenizer on '
                       f'{len(sentences):,} captions -> {path}')
-      train_tokenizer(sentences, path, config.tokenizer.vocab_size)
-    src = path
+      with tempfile.TemporaryDirectory(prefix='prolip_jax-') as tmp:
+        trained = train_tokenizer(sentences,
+                                  os.path.join(tmp, path.name),
+                                  config.tokenizer.vocab_size)
+        paths.copy_file(trained, path)
+    tokenizer = None
   if jax.process_count() > 1:  # the other hosts wait for process 0's file
     multihost_utils.sync_global_devices('prolip_jax tokenizer')
-  tokenizer = tokenizer_from_config(src, config,
-                                    config.model.text.context_length)
-  checkpoint.check_tokenizer(meta, src, owner, sha256=tokenizer.sha256)
+  if tokenizer is None:
+    tokenizer = tokenizer_from_config(paths.local_copy(path), config,
+                                      config.model.text.context_length)
+  used = src if config.tokenizer.model_path else path
+  checkpoint.check_tokenizer(meta, used, owner, sha256=tokenizer.sha256)
   return tokenizer
 
 
@@ -182,6 +201,7 @@ def validate_config(config):
     raise ValueError('total_steps and batch_size must be positive')
   if not 0 < config.masking.image_keep_ratio <= 1:
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
+  loop_report.check_config(config)  # profile_steps, wandb.*
   objective.validate(config)
 
 
@@ -255,7 +275,7 @@ def jit_train_step(model: ProLIP, config, tx: optax.GradientTransformation,
       donate_argnums=(0,))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                        max_steps: Optional[int] = None,
                        allow_fresh_start: bool = False) -> dict[str, Any]:
   """Trains (resuming from the newest readable checkpoint) and evaluates.
@@ -266,7 +286,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   Args:
     config: a run config (see ``configs/``).
-    workdir: checkpoints, tokenizer, metrics and TensorBoard files go here.
+    workdir: checkpoints, tokenizer, metrics and TensorBoard files go here:
+      a local folder, ``gs://BUCKET/...`` or ``s3://BUCKET/...`` (a
+      ``Workdir`` or its text; another URL is a ``UserError``).
     max_steps: stop after this many steps in this call (the schedule still
       spans ``config.total_steps``); for tests of interruption and resume.
     allow_fresh_start: train from step 0 even though ``checkpoints/`` is
@@ -275,12 +297,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   Returns:
     A summary dict: ``step``, ``checkpoint`` (path), final ``eval`` metrics,
-    the last training metrics and ``preempted`` (stopped by SIGTERM).
+    the last training metrics, ``preempted`` (stopped by SIGTERM; in a
+    multi-host run by a notice on any host, every host after the same step)
+    and ``interrupted`` (a Ctrl-C on this host of several asked for that
+    stop).
   """
   with errors.config_errors():
     validate_config(config)
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = Workdir.of(workdir)  # every file of the run, local or gs://
+  workdir.check_checkpoint_store()
+  workdir.create()
   lock = WorkdirLock(workdir)
   failure = None
   if jax.process_index() == 0:
@@ -319,7 +345,7 @@ class _Run:
   step_rng: jax.Array
 
 
-def _build(config, workdir: str, objective) -> _Run:
+def _build(config, workdir: Workdir, objective) -> _Run:
   """The mesh, evaluators, data, tokenizer, model, optimizer and state
   initializer of a run (``ValueError`` for a config that cannot run)."""
   mesh = shd.make_mesh(config.mesh)
@@ -378,7 +404,18 @@ def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
   return row
 
 
-def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
+def _injected_fault(config, step: int):
+  """Fault injection for tests (``debug_raise_at_step``,
+  ``debug_raise_process``): a RuntimeError after ``step`` on the chosen
+  process, as an out-of-memory error or a failing evaluator would raise."""
+  at = config_keys.get(config, 'debug_raise_at_step')
+  who = config_keys.get(config, 'debug_raise_process')
+  if at and step == at and who in (-1, jax.process_index()):
+    raise RuntimeError(f'fault injected after step {step} '
+                       '(config.debug_raise_at_step)')
+
+
+def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
                         allow_fresh_start: bool):
   resume.check_nothing_set_aside(workdir, allow_fresh_start)
   with errors.config_errors():
@@ -399,6 +436,7 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
 
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
+  writer = wandb_sink.tee(writer, config, workdir, is_chief, start)  # + W&B
   meta = {'config': json.loads(config.to_json_best_effort()),
           'model': model.config.to_dict(),
           **checkpoint.tokenizer_meta(tokenizer)}
@@ -433,26 +471,35 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
   monitor = progress.NonFiniteMonitor(
       config_keys.get(config, 'max_nonfinite_steps'),
                              mngr.latest_step)
+  # Data wait / device split, MFU, profile_steps (prolip_jax/loop_report.py).
+  report = loop_report.LoopReport(
+      config, list(mesh.devices.flat), model.config.to_dict(), start, end,
+      is_chief, monitor.flush, workdir.tensorboard)
+  failed = True  # until the loop ends without an exception
   try:
     while step < end and not stopper.stop:
       try:
-        local_batch = next(data_iter)
+        local_batch = report.data(next, data_iter)
       except records.BadRecordError:
         monitor.flush()
-        save(step, force=True)  # keep the progress; the data needs fixing
+        if jax.process_count() == 1:  # (several: the others are mid-step)
+          save(step, force=True)  # keep the progress; the data needs fixing
         raise
-      batch = shd.host_to_global(mesh, local_batch)
+      batch = report.data(shd.host_to_global, mesh, local_batch)
       first = step == start
       if first:
         progress.status('Compiling the train step (the first step includes '
                         'it)', is_chief)
+      report.before_step(step)
       state, metrics = train_step(state, batch, run.step_rng)
       step += 1
+      report.after_step(step, metrics)
       if first:
         jax.block_until_ready(metrics['loss'])
         progress.status(f'Compiled and ran step {step} in '
                         f'{progress.fmt_time(time.time() - t_start)}',
                         is_chief)
+        report.start_interval(step)  # compiling is no step
       monitor.add(step, metrics['nonfinite'])
       if step % config.log_every_steps == 0 or step == end:
         metrics = jax.device_get(metrics)
@@ -460,30 +507,41 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
         rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
         monitor.flush()
         last_metrics = _metrics_row(metrics, rate, monitor.total, run.source)
+        last_metrics.update(report.end_interval(step))
         writer.write(step, last_metrics)
         if is_chief:
           print(progress.progress_line(step, config.total_steps, last_metrics,
                                (end - step) * config.batch_size /
                                max(rate, 1e-9), now - t_start), flush=True)
         t_log, step_log = time.time(), step
+        report.start_interval(step)
       elif first:  # samples/s and the ETA count from here: compiling is no step
         t_log, step_log = time.time(), step
       if step % config.checkpoint_every_steps == 0:
         monitor.flush()
         if not monitor.consecutive:  # mid-streak the state is not new
-          save(step)
+          report.excluded(save, step)
       if config.eval.every_steps and step % config.eval.every_steps == 0 \
           and step != end:
-        evaluations.heldout(state, step)
+        report.excluded(evaluations.heldout, state, step)
       if step != end:
-        evaluations.configured(state, step, final=False)
+        report.excluded(evaluations.configured, state, step, final=False)
+      _injected_fault(config, step)
+      stopper.at_step(step)  # every host stops after the same step
     monitor.flush()
+    failed = False
   except KeyboardInterrupt:
-    logging.warning('Interrupted at step %d: saving a checkpoint', step)
-    save(step, force=True)
+    if jax.process_count() == 1:  # several: errors.cli_main ends this host
+      logging.warning('Interrupted at step %d: saving a checkpoint', step)
+      save(step, force=True)
     raise
   finally:
-    mngr.wait_until_finished()
+    stopper.close()
+    report.close()  # a profile still running
+    # A host that failed alone must not wait for a checkpoint: saving is a
+    # collective of every host, and the others are elsewhere.
+    if not failed or jax.process_count() == 1:
+      mngr.wait_until_finished()
   save(step, force=True)
   mngr.wait_until_finished()
   mngr.close()
@@ -495,10 +553,11 @@ def _train_and_evaluate(config, workdir: str, max_steps: Optional[int],
     if step > start:
       evals_results = evaluations.configured(state, step, final=True)
   writer.close()
-  ckpt_path = os.path.join(checkpoint.checkpoint_dir(workdir), str(step))
+  ckpt_path = str(workdir.checkpoint(step))
   summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
              'train': last_metrics, 'preempted': stopper.stop,
-             'workdir': workdir, 'batch_size': config.batch_size,
+             'interrupted': stopper.interrupted,
+             'workdir': str(workdir), 'batch_size': config.batch_size,
              'total_steps': config.total_steps,
              'heldout': train_time.heldout_info(config) if eval_results
                         else None,

@@ -1,10 +1,14 @@
-"""One writing run per workdir: ``WORKDIR/.lock``.
+"""One writing run per workdir: ``WORKDIR/.lock``, local or on an object
+store.
 
-The lock file is created atomically (``O_CREAT | O_EXCL``) and holds the
-holder's host, pid and start time. A second run on a held workdir stops at
-once naming the holder. A lock left by a process that died (same host, pid no
-longer alive, e.g. after ``kill -9``) is taken over with a message; a lock
-held from another host cannot be checked from here and is never taken over.
+The lock is created only if absent (``paths.create_exclusive``: ``O_EXCL``
+locally, a generation precondition on GCS, ``If-None-Match`` on S3: of two
+runs racing, exactly one gets it) and holds the holder's host, pid, start
+time and a heartbeat that a background thread renews every
+``HEARTBEAT_SECONDS``. A second run on a held workdir stops at once naming
+the holder. A lock is taken over, with a message, when its holder is gone:
+the same host and a pid no longer alive (``kill -9``), or a heartbeat older
+than ``STALE_SECONDS`` (a preempted VM never comes back to release it).
 In multi-host runs process 0 holds the lock for all.
 """
 
@@ -14,20 +18,27 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Optional
 
 from prolip_jax import errors
+from prolip_jax import paths
+from prolip_jax.workdir import Workdir
 
 LOCK_FILE = '.lock'
+HEARTBEAT_SECONDS = 60.0
+# Ten missed heartbeats: a live run whose writes stall for minutes (a slow
+# bucket, a long compile holds the GIL only briefly) keeps its lock.
+STALE_SECONDS = 600.0
 
 
-def _read(path: str) -> Optional[dict]:
+def _read(path) -> Optional[dict]:
   try:
-    with open(path) as f:
-      return json.load(f)
+    holder = json.loads(paths.as_path(path).read_text())
   except (OSError, ValueError):
     return None
+  return holder if isinstance(holder, dict) else None
 
 
 def _alive(pid: int) -> bool:
@@ -40,53 +51,88 @@ def _alive(pid: int) -> bool:
   return True
 
 
+def _stale(holder: dict, me: dict, now: float) -> Optional[str]:
+  """Why ``holder``'s lock may be taken over, or None while it may live."""
+  if not holder:
+    return 'unreadable'
+  if (holder.get('host') == me['host'] and isinstance(holder.get('pid'), int)
+      and not _alive(holder['pid'])):
+    return 'no longer running'
+  beat = holder.get('heartbeat')
+  if isinstance(beat, (int, float)) and now - beat > STALE_SECONDS:
+    return f'no heartbeat for {int(now - beat)} s'
+  return None
+
+
 class WorkdirLock:
   """Context manager holding ``WORKDIR/.lock`` for this process."""
 
-  def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_FILE)
+  def __init__(self, workdir):
+    self.workdir = Workdir.of(workdir)
+    self.path = self.workdir.lock
     self.held = False
+    self._me: dict = {}
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+
+  def _record(self) -> bytes:
+    return json.dumps(dict(self._me, heartbeat=time.time())).encode()
 
   def acquire(self):
     """Takes the lock; raises ``WorkdirLockedError`` naming a live holder."""
-    me = {'host': socket.gethostname(), 'pid': os.getpid(),
-          'started': time.strftime('%Y-%m-%d %H:%M:%S')}
+    self._me = {'host': socket.gethostname(), 'pid': os.getpid(),
+                'started': time.strftime('%Y-%m-%d %H:%M:%S')}
     for _ in range(2):
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        holder = _read(self.path)
-        if holder is None:  # being written right now, or garbage
-          time.sleep(0.2)
-          holder = _read(self.path) or {}
-        if (holder.get('host') == me['host'] and
-            isinstance(holder.get('pid'), int) and
-            not _alive(holder['pid'])) or not holder:
-          print(f'warning: taking over the stale lock {self.path} of '
-                f"pid {holder.get('pid')} on {holder.get('host')} (no longer "
-                'running)', file=sys.stderr, flush=True)
-          try:
-            os.remove(self.path)
-          except FileNotFoundError:
-            pass
-          continue
+      if paths.create_exclusive(self.path, self._record()):
+        self.held = True
+        self._start_heartbeat()
+        return self
+      holder = _read(self.path)
+      if holder is None:  # being written right now, or garbage
+        time.sleep(0.2)
+        holder = _read(self.path) or {}
+      why = _stale(holder, self._me, time.time())
+      if why is None:
         raise errors.WorkdirLockedError(
-            f'workdir {os.path.dirname(self.path)} is in use by pid '
-            f"{holder.get('pid')} on {holder.get('host')} (since "
-            f"{holder.get('started')}); wait for it to finish, or delete "
-            f'{self.path} if that run is gone') from None
-      with os.fdopen(fd, 'w') as f:
-        json.dump(me, f)
-      self.held = True
-      return self
+            f'workdir {self.workdir} is in use by pid {holder.get("pid")} '
+            f'on {holder.get("host")} (since {holder.get("started")}); wait '
+            f'for it to finish, or delete {self.path} if that run is gone')
+      print(f'warning: taking over the stale lock {self.path} of pid '
+            f"{holder.get('pid')} on {holder.get('host')} ({why})",
+            file=sys.stderr, flush=True)
+      try:
+        self.path.unlink()
+      except FileNotFoundError:
+        pass
     raise errors.WorkdirLockedError(f'could not take the lock {self.path}')
 
+  def _start_heartbeat(self):
+    def beat():
+      while not self._stop.wait(HEARTBEAT_SECONDS):
+        try:
+          paths.write_bytes(self.path, self._record())
+        except OSError:  # a missed beat is retried; the run goes on
+          pass
+
+    self._stop.clear()
+    self._thread = threading.Thread(target=beat, name='prolip_jax-lock',
+                                    daemon=True)
+    self._thread.start()
+
   def release(self):
-    if self.held:
-      holder = _read(self.path)
-      if holder and holder.get('pid') == os.getpid():
-        os.remove(self.path)
-      self.held = False
+    if not self.held:
+      return
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=10)
+    holder = _read(self.path)
+    if holder and holder.get('pid') == os.getpid() and holder.get(
+        'host') == self._me.get('host'):
+      try:
+        self.path.unlink()
+      except FileNotFoundError:
+        pass
+    self.held = False
 
   def __enter__(self):
     return self.acquire()

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from typing import Any, Optional
 
 from absl import app
@@ -46,6 +47,8 @@ from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
 from prolip_jax import file_names
+from prolip_jax import manifest
+from prolip_jax import paths
 from prolip_jax import objectives
 from prolip_jax.data.tokenizer import HF_JSON
 from prolip_jax.data.tokenizer import file_kind
@@ -53,6 +56,7 @@ from prolip_jax.data.tokenizer import file_sha256
 from prolip_jax.file_names import CONFIG_FILE
 from prolip_jax.file_names import PROJECT_FILE
 from prolip_jax.file_names import WEIGHTS_FILE
+from prolip_jax.workdir import Workdir
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -92,12 +96,14 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     extra['clean'] = tok_cfg['clean']
   if tok_cfg.get('keep_eos', False):
     extra['keep_eos'] = True
-  tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  wd = Workdir(workdir)
   tok_name = checkpoint.TOKENIZER_FILE
   checkpoint.check_tokenizer(
-      meta, tokenizer, f'checkpoint step {meta.get("step")} under '
-      f'{checkpoint.checkpoint_dir(workdir)}')
-  if os.path.exists(tokenizer):
+      meta, wd.tokenizer, f'checkpoint step {meta.get("step")} under '
+      f'{wd.checkpoints}')
+  tokenizer = paths.local_copy(wd.tokenizer) if wd.tokenizer.exists() \
+      else None
+  if tokenizer is not None:
     if file_kind(tokenizer) == HF_JSON:  # a tokenizer.json (fine-tuned release)
       tok_name = file_names.TOKENIZER_JSON
     extra['tokenizer_file'] = tok_name
@@ -115,10 +121,10 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     project = cfg_json[convert.PROJECT_KEY]
     cfg_json = convert.hub_config(cfg_json)
 
-  _check_out(out)
-  # Built beside ``out`` and swapped in whole: a killed export leaves the
-  # previous export (or nothing), never new weights with an old config.
-  with atomic.staging_dir(out) as tmp:
+  dest = paths.parse(out, '--out')
+  _check_out(dest)
+
+  def write_files(tmp):
     save_file(state_dict, os.path.join(tmp, WEIGHTS_FILE),
               metadata={'format': 'pt'})
     with open(os.path.join(tmp, CONFIG_FILE), 'w') as f:
@@ -126,20 +132,36 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     if project is not None:  # beside config.json: the mixin ignores it
       with open(os.path.join(tmp, PROJECT_FILE), 'w') as f:
         json.dump(project, f, indent=2)
-    if os.path.exists(tokenizer):
+    if tokenizer is not None:
       shutil.copyfile(tokenizer, os.path.join(tmp, tok_name))
-    atomic.replace_dir(tmp, out)
+    manifest.write(tmp)  # sizes and sha256 of every file, checked on load
+
+  if paths.is_remote(dest):
+    # No folder to swap on an object store: the old manifest goes first and
+    # the new one is uploaded last, so load sees a whole export or refuses.
+    with tempfile.TemporaryDirectory(prefix='prolip_jax-export-') as tmp:
+      write_files(tmp)
+      old = dest / manifest.MANIFEST_FILE
+      if old.exists():
+        old.unlink()
+      paths.upload_tree(tmp, dest, last=(manifest.MANIFEST_FILE,))
+    return cfg_json
+  # Built beside ``out`` and swapped in whole: a killed export leaves the
+  # previous export (or nothing), never new weights with an old config.
+  with atomic.staging_dir(os.fspath(dest)) as tmp:
+    write_files(tmp)
+    atomic.replace_dir(tmp, os.fspath(dest))
   return cfg_json
 
 
-def _check_out(out: str):
+def _check_out(out: paths.Path):
   """Refuses an ``out`` that is a file, or a folder with other contents than
   an export (re-exporting replaces the folder whole)."""
-  if os.path.lexists(out) and not os.path.isdir(out):
+  if out.is_file() or (not paths.is_remote(out)
+                       and os.path.lexists(out) and not out.is_dir()):
     raise errors.UserError(f'--out {out} is a file, not a folder')
-  if os.path.isdir(out) and os.listdir(out) and not (
-      os.path.exists(os.path.join(out, CONFIG_FILE))
-      or os.path.exists(os.path.join(out, WEIGHTS_FILE))):
+  if out.is_dir() and any(True for _ in out.iterdir()) and not (
+      (out / CONFIG_FILE).exists() or (out / WEIGHTS_FILE).exists()):
     raise errors.UserError(
         f'--out {out} is a non-empty folder that is not an export (no '
         f'{CONFIG_FILE}); an export replaces its folder whole: choose a new '
@@ -156,7 +178,7 @@ def main(argv):
   def body():
     export(f.workdir, f.out, f.step, f.hub_compatible)
     print(f'exported {f.workdir} to {f.out}: '
-          f'{", ".join(sorted(os.listdir(f.out)))}')
+          f'{", ".join(sorted(p.name for p in paths.parse(f.out).iterdir()))}')
 
   return errors.cli_main(body)
 

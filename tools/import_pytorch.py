@@ -46,7 +46,9 @@ from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
+from prolip_jax import paths
 from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.workdir import Workdir
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TORCH_SUFFIXES = ('.bin', '.pt', '.pth')
@@ -104,8 +106,11 @@ def import_weights(src: str, config, workdir: str,
     model_cfg = ModelConfig.from_config(config.model)
   except (ValueError, TypeError) as e:
     raise ImportFailed(f'invalid config.model: {e}') from e
-  workdir = os.path.abspath(workdir)
-  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+  wd = Workdir(workdir)
+  wd.check_checkpoint_store()
+  workdir = str(wd)
+  if not wd.remote and os.path.lexists(workdir) and not os.path.isdir(
+      workdir):
     raise ImportFailed(f'--workdir {workdir} is a file, not a folder')
   if checkpoint.latest_step(workdir) is not None:
     raise ImportFailed(f'{checkpoint.checkpoint_dir(workdir)} already has '
@@ -124,6 +129,17 @@ def import_weights(src: str, config, workdir: str,
   except ValueError as e:
     raise ImportFailed(f'{src}: {e}') from e
 
+  if wd.remote:
+    # No folders to move on an object store: the tokenizer first, then the
+    # checkpoint, which Orbax's commit marker makes whole; a kill in between
+    # leaves no checkpoint, and a re-import proceeds.
+    if tokenizer:
+      paths.copy_file(tokenizer, wd.tokenizer)
+    checkpoint.write_imported(wd, params,
+                              json.loads(config.to_json_best_effort()),
+                              model_cfg.to_dict(), os.path.abspath(src),
+                              tokenizer=tok_meta)
+    return report
   # Built beside the workdir and moved in last, so a killed import leaves
   # nothing half written (the checkpoint's meta names its tokenizer).
   with atomic.staging_dir(workdir) as tmp:

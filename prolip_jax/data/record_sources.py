@@ -20,6 +20,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from prolip_jax import errors
+from prolip_jax import paths
 from prolip_jax.data import record_format
 from prolip_jax.data.bad_records import BAD_CAPTION
 from prolip_jax.data.bad_records import BadRecord
@@ -72,6 +73,7 @@ def expand_paths(paths_or_glob: str | Sequence[str]) -> list[str]:
     items = [str(p) for p in paths_or_glob]
   out = []
   for item in items:
+    paths.require_local(item, 'data path')
     for pattern in expand_braces(os.path.expanduser(item)):
       if os.path.isdir(pattern):
         pattern = os.path.join(pattern, '*' + record_format.SUFFIX)
@@ -228,6 +230,8 @@ def open_tfds(name: str, split: str, data_dir: Optional[str] = None,
   feature left encoded). Raises ``errors.DatasetUnavailableError`` naming
   the data set and how to prepare it, rather than letting TFDS start a
   download (``tfds.data_source`` would download and prepare it)."""
+  if data_dir:
+    paths.require_local(data_dir, 'TFDS data_dir')
   try:
     tfds = import_tfds()
   except ImportError as e:

@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from prolip_jax import errors
+from prolip_jax import paths
 from prolip_jax.data import eval_data
 from prolip_jax.data import record_format
 from prolip_jax.data import record_sources
@@ -54,6 +55,8 @@ def parse(spec: str) -> tuple[str, str]:
     raise errors.ConfigError(
         f'evaluation data {spec!r}: expected one of '
         f'{", ".join(s + ":..." for s in SCHEMES)}{errors.nearest(scheme, SCHEMES)}')
+  if scheme in ('folder', 'jsonl', 'array_record'):
+    paths.require_local(rest, f'evaluation data {scheme}:')
   return scheme, rest
 
 

@@ -23,6 +23,7 @@ import ml_collections
 
 from prolip_jax import errors
 from prolip_jax import inference
+from prolip_jax import paths
 from prolip_jax import sharding as shd
 from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import sharded
@@ -72,33 +73,46 @@ def run(model, config=None, out_dir: Optional[str] = None,
   """
   if isinstance(model, (str, os.PathLike)):
     path = os.fspath(model)
-    out_dir = out_dir or os.path.join(path, 'eval')
+    if out_dir is None:
+      out_dir = paths.join(paths.parse(path, 'model path'), 'eval')
     model = inference.load(path, step=step)
   if out_dir is None:
     raise ValueError('out_dir is required when model is not a path')
-  os.makedirs(out_dir, exist_ok=True)
-  if config is not None and 'suites' in config and 'evals' not in config:
-    summary = suites.run_suites(model, config, out_dir, log)
-    summary['skipped'], summary['kinds'] = {}, None
-  else:
-    if config is None:
-      evals = checkpoint_evals(model)
-      stored = ((getattr(model, 'run_config', None) or {}).get('eval') or {})
-      default_dir = stored.get('tfds_data_dir', '')
-    else:
-      evals, default_dir = config.evals, config.get('tfds_data_dir', '')
-    if tfds_data_dir is not None:
-      default_dir = tfds_data_dir
-    summary = _run_evaluators(model, evaluators.build(evals, default_dir),
-                              out_dir, log, only)
-  path = os.path.join(out_dir, 'summary.json')
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(jsonable(summary), f, indent=1)
-  summary['files'].append(path)
+  dest = paths.parse(out_dir, 'out_dir')
+  # A gs:// or s3:// destination gets its files uploaded at the end.
+  with paths.local_dir_for(dest) as local:
+    summary = _run(model, config, local, log, only, tfds_data_dir)
+    with open(os.path.join(local, 'summary.json'), 'w',
+              encoding='utf-8') as f:
+      json.dump(jsonable(summary), f, indent=1)
+    summary['files'].append(os.path.join(local, 'summary.json'))
+    if local != os.fspath(dest):  # name the files where they end up
+      where = lambda p: p.replace(local, os.fspath(dest), 1)
+      summary['files'] = [where(p) for p in summary['files']]
+      summary['figures'] = [where(p) for p in summary['figures']]
   log(format_table(summary['metrics'], kinds=summary.get('kinds')))
   if summary['figures']:
     log('figures:\n' + '\n'.join(f'  {p}' for p in summary['figures']))
   return summary
+
+
+def _run(model, config, out_dir: str, log, only, tfds_data_dir) -> dict:
+  """The summary of ``run``, its files written under the local
+  ``out_dir``."""
+  if config is not None and 'suites' in config and 'evals' not in config:
+    summary = suites.run_suites(model, config, out_dir, log)
+    summary['skipped'], summary['kinds'] = {}, None
+    return summary
+  if config is None:
+    evals = checkpoint_evals(model)
+    stored = ((getattr(model, 'run_config', None) or {}).get('eval') or {})
+    default_dir = stored.get('tfds_data_dir', '')
+  else:
+    evals, default_dir = config.evals, config.get('tfds_data_dir', '')
+  if tfds_data_dir is not None:
+    default_dir = tfds_data_dir
+  return _run_evaluators(model, evaluators.build(evals, default_dir),
+                         out_dir, log, only)
 
 
 def _run_evaluators(model, todo, out_dir: str, log, only) -> dict:

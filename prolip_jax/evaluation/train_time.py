@@ -13,13 +13,14 @@ objective is scored in the space it trains (UniCLIP through its heads).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import os
 from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
+from prolip_jax import paths
 from prolip_jax import progress
 from prolip_jax import sharding as shd
 from prolip_jax.data import digits
@@ -35,6 +36,7 @@ from prolip_jax.evaluation.metrics import retrieval_recall
 from prolip_jax.evaluation.metrics import zero_shot_report
 from prolip_jax.losses import csd
 from prolip_jax.losses import pcclip
+from prolip_jax.workdir import Workdir
 
 Encoders = tuple[Callable, Callable]
 
@@ -215,15 +217,16 @@ class LoopEvaluations:
           self.tokenizer, self.mesh)
     on_mesh = self._on_mesh
     on_mesh.params = state.params  # where the train state holds them
-    out_dir = (os.path.join(self.workdir, 'evals', f'step_{step}')
-               if self.is_chief else '')
     log = lambda line: progress.status(line, self.is_chief)
     results = {}
-    for e in due:
-      log(f'Evaluator {e.name} at step {step}')
-      found = e.run(on_mesh, out_dir, log)
-      log(evaluator_line(e.name, found))
-      results.update({f'{e.name}/{k}': v for k, v in found.items()})
+    # The chief writes the reports (uploaded whole to a gs:// workdir).
+    with (paths.local_dir_for(Workdir.of(self.workdir).evals(step))
+          if self.is_chief else contextlib.nullcontext('')) as out_dir:
+      for e in due:
+        log(f'Evaluator {e.name} at step {step}')
+        found = e.run(on_mesh, out_dir, log)
+        log(evaluator_line(e.name, found))
+        results.update({f'{e.name}/{k}': v for k, v in found.items()})
     self.writer.write(step, results)
     return results
 

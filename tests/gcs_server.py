@@ -1,0 +1,89 @@
+"""gcp-storage-emulator with the two behaviours of real GCS that Orbax's
+TensorStore and our workdir lock rely on, which the emulator leaves out.
+
+- Downloads carry ``x-goog-generation`` (TensorStore reads an object's
+  generation from that header; without it a read of an OCDBT manifest fails
+  now and then with 'Malformed StorageGeneration').
+- Uploads honour ``ifGenerationMatch`` (412 when it does not hold), so a
+  create-if-absent object (``ifGenerationMatch=0``) is exclusive, as the
+  workdir lock and OCDBT's manifest updates expect.
+
+Connections get a thread each, requests are handled one at a time (the
+emulator's in-memory store has no locks of its own). Run as ``python tests/gcs_server.py start --host ...``
+with the emulator's own arguments.
+"""
+
+import http
+import http.server
+import sys
+import threading
+
+from gcp_storage_emulator import exceptions
+from gcp_storage_emulator import server as emulator_server
+from gcp_storage_emulator.handlers import objects
+
+_ONE_AT_A_TIME = threading.RLock()  # handlers call each other
+
+
+def _serialized(handler):
+  def wrapped(*args, **kwargs):
+    with _ONE_AT_A_TIME:
+      return handler(*args, **kwargs)
+  return wrapped
+
+
+def _with_generation(download):
+  def wrapped(request, response, storage, *args, **kwargs):
+    try:
+      obj = storage.get_file_obj(request.params['bucket_name'],
+                                 request.params['object_id'])
+      response['x-goog-generation'] = obj['generation']
+      response['x-goog-metageneration'] = obj.get('metageneration', '1')
+    except exceptions.NotFound:
+      pass
+    return download(request, response, storage, *args, **kwargs)
+  return wrapped
+
+
+def _object_name(request):
+  name = request.query.get('name')
+  if name:
+    return name[0]
+  data = request.data
+  if isinstance(data, dict) and isinstance(data.get('meta'), dict):
+    return data['meta'].get('name')
+  return None
+
+
+def _with_preconditions(insert):
+  def wrapped(request, response, storage, *args, **kwargs):
+    want = request.query.get('ifGenerationMatch')
+    name = _object_name(request) if want else None
+    if want and name is not None:
+      try:
+        have = storage.get_file_obj(request.params['bucket_name'],
+                                    name)['generation']
+      except exceptions.NotFound:
+        have = '0'
+      if str(have) != str(want[0]):
+        response.status = http.HTTPStatus.PRECONDITION_FAILED
+        response.json({'error': {'code': 412,
+                                 'message': 'Precondition Failed'}})
+        return None
+    return insert(request, response, storage, *args, **kwargs)
+  return wrapped
+
+
+# One thread per connection (the emulator serves one connection at a time,
+# so a client's idle keep-alive connection would stall every other client).
+emulator_server.server.HTTPServer = http.server.ThreadingHTTPServer
+
+objects.download = _serialized(_with_generation(objects.download))
+objects.insert = _serialized(_with_preconditions(objects.insert))
+for _name in ('get', 'ls', 'delete', 'patch', 'copy', 'rewrite', 'compose',
+              'upload_partial', 'xml_upload', 'batch'):
+  setattr(objects, _name, _serialized(getattr(objects, _name)))
+
+if __name__ == '__main__':
+  from gcp_storage_emulator import __main__ as emulator  # after the patches
+  sys.exit(emulator.main())

@@ -1,0 +1,377 @@
+"""Workdirs, exports and reports on object storage, against real GCS and S3
+API servers on 127.0.0.1 (``tests/object_stores.py``, started once per
+session by the ``gcs``/``s3`` fixtures of conftest.py).
+
+* One path layer: a URL the project cannot handle is one ``error:`` line,
+  never a local folder called ``gs:``; data URLs are refused naming the
+  mount route.
+* Whole-or-nothing on a store without renames: the lock is a
+  create-if-absent object, metrics.jsonl is rewritten whole, an export is
+  whole once its manifest (written last) is there.
+* The pod path: train on ``gs://`` -> kill -9 during a checkpoint -> resume
+  to the same losses as an uninterrupted local run -> evaluate -> export ->
+  ``prolip_jax.load('gs://...')``; a damaged newest checkpoint on ``gs://``
+  falls back as it does locally.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import prolip_jax
+from prolip_jax import checkpoint
+from prolip_jax import errors
+from prolip_jax import main as main_lib
+from prolip_jax import manifest
+from prolip_jax import paths
+from prolip_jax import progress
+from prolip_jax import workdir_lock
+from prolip_jax.data import record_sources
+from prolip_jax.evaluation import datasets
+from prolip_jax.workdir import Workdir
+from prolip_jax.workdir_lock import WorkdirLock
+import test_user_errors as tue  # the tiny imported workdir and the tools
+from test_user_errors import export_tool  # pylint: disable=unused-import
+from test_user_errors import import_tool  # pylint: disable=unused-import
+from test_user_errors import tokenizers  # pylint: disable=unused-import
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
+
+
+@pytest.fixture(params=['gcs', 's3'])
+def store(request):
+  return request.getfixturevalue(request.param)
+
+
+def _one_error_line(text):
+  lines = [l for l in text.strip().splitlines() if l.startswith('error: ')]
+  assert len(lines) == 1, text
+  return lines[0]
+
+
+# ----------------------------------------------------------------------------
+# The path layer
+
+
+@pytest.mark.parametrize('url, says', [
+    ('hdfs://cluster/run', 'hdfs:// is not supported'),
+    ('gcs://bucket/run', 'gcs:// is not supported'),
+    ('gs://', 'names no bucket'),
+    ('', 'is empty'),
+])
+def test_a_url_the_project_cannot_handle_is_one_line_and_no_folder(
+    tmp_path, monkeypatch, capsys, url, says):
+  monkeypatch.chdir(tmp_path)
+  status = main_lib.run(['main', f'--config={MICRO}', f'--workdir={url}'])
+  assert status == errors.EXIT_USER_ERROR
+  line = _one_error_line(capsys.readouterr().err)
+  assert says in line and (url in line or not url)
+  assert os.listdir(tmp_path) == []  # no ./gs: or ./hdfs: folder
+
+
+def test_an_s3_workdir_cannot_hold_checkpoints_and_says_where_to_go(
+    s3, tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  url = s3.url()
+  status = main_lib.run(['main', f'--config={MICRO}', f'--workdir={url}'])
+  assert status == errors.EXIT_USER_ERROR
+  line = _one_error_line(capsys.readouterr().err)
+  assert url in line and 'gs://' in line and 'export' in line
+  assert not paths.parse(url).exists()  # nothing written there
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('where', ['data path', 'tfds', 'folder', 'jsonl'])
+def test_data_urls_are_refused_naming_the_mount_route(where):
+  with pytest.raises(errors.ConfigError) as e:
+    if where == 'data path':
+      record_sources.expand_paths('gs://bucket/shards/*.array_record')
+    elif where == 'tfds':
+      record_sources.open_tfds('imagenet2012', 'validation',
+                               data_dir='gs://bucket/tfds')
+    else:
+      datasets.parse(f'{where}:s3://bucket/val')
+  assert 'gcsfuse' in str(e.value) and '\n' not in str(e.value)
+
+
+def test_create_exclusive_lets_exactly_one_writer_win(store):
+  url = store.url('lock')
+  assert paths.create_exclusive(url, b'first')
+  assert not paths.create_exclusive(url, b'second')
+  assert paths.parse(url).read_bytes() == b'first'
+
+
+def test_the_lock_on_a_store_names_its_holder_and_stale_ones_are_taken(
+    store, capfd):
+  wd = Workdir(store.url())
+  with WorkdirLock(wd):
+    holder = json.loads(wd.lock.read_text())
+    assert holder['pid'] == os.getpid()
+    with pytest.raises(errors.WorkdirLockedError, match=f'pid {os.getpid()}'):
+      WorkdirLock(wd).acquire()
+  assert not wd.lock.exists()
+  # A holder on another host (a preempted VM) whose heartbeat stopped.
+  old = time.time() - workdir_lock.STALE_SECONDS - 5
+  wd.lock.write_text(json.dumps({'host': 'gone-vm', 'pid': 1,
+                                 'heartbeat': old}))
+  with WorkdirLock(wd):
+    assert json.loads(wd.lock.read_text())['pid'] == os.getpid()
+  assert 'no heartbeat for' in capfd.readouterr().err
+  # A live one (recent heartbeat) on another host is never taken.
+  wd.lock.write_text(json.dumps({'host': 'other-vm', 'pid': 1,
+                                 'heartbeat': time.time()}))
+  with pytest.raises(errors.WorkdirLockedError, match='other-vm'):
+    WorkdirLock(wd).acquire()
+
+
+def test_the_heartbeat_renews_the_lock(gcs, monkeypatch):
+  monkeypatch.setattr(workdir_lock, 'HEARTBEAT_SECONDS', 0.2)
+  wd = Workdir(gcs.url())
+  with WorkdirLock(wd):
+    first = json.loads(wd.lock.read_text())['heartbeat']
+    time.sleep(1.5)
+    assert json.loads(wd.lock.read_text())['heartbeat'] > first
+
+
+def test_metrics_on_a_store_are_whole_objects_repaired_on_resume(gcs):
+  wd = Workdir(gcs.url())
+  writer = progress.MetricWriter(wd, True)
+  for step in (1, 2, 3):
+    writer.write(step, {'loss': 1.0 / step})
+  rows = [json.loads(l) for l in wd.metrics.read_text().splitlines()]
+  assert [r['step'] for r in rows] == [1, 2, 3]
+  assert rows[2]['loss'] == pytest.approx(1 / 3)
+  writer.close()
+  events = [p.name for p in wd.tensorboard.iterdir()]
+  assert events and all(e.startswith('events.out.tfevents') for e in events)
+  # Resumed from step 1: rows 2 and 3 are trained again, so dropped.
+  writer = progress.MetricWriter(wd, True, resume_step=1)
+  writer.write(2, {'loss': 0.25})
+  writer.close()
+  rows = [json.loads(l) for l in wd.metrics.read_text().splitlines()]
+  assert [(r['step'], r['loss']) for r in rows] == [(1, 1.0), (2, 0.25)]
+
+
+# ----------------------------------------------------------------------------
+# Exports and imports
+
+
+def test_export_to_a_store_loads_the_same_model_and_needs_its_manifest(
+    store, tmp_path, export_tool, tokenizers):
+  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  url = store.url('export')
+  export_tool.export(local, url)
+  names = sorted(p.name for p in paths.parse(url).iterdir())
+  assert manifest.MANIFEST_FILE in names and 'model.safetensors' in names
+  tue._assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
+  # Without its manifest (an upload cut short) the export is refused.
+  url2 = store.url('export')
+  export_tool.export(local, url2)
+  (paths.parse(url2) / manifest.MANIFEST_FILE).unlink()
+  with pytest.raises(manifest.ExportIncompleteError, match='incomplete'):
+    prolip_jax.load(url2)
+  # One flipped byte in the weights object: refused, not NaN embeddings.
+  url3 = store.url('export')
+  export_tool.export(local, url3)
+  weights = paths.parse(url3) / 'model.safetensors'
+  data = bytearray(weights.read_bytes())
+  data[len(data) // 2] ^= 0x40
+  weights.write_bytes(bytes(data))
+  with pytest.raises(manifest.ExportIncompleteError, match='differs'):
+    prolip_jax.load(url3)
+
+
+def test_a_damaged_local_export_is_refused_by_its_manifest(
+    tmp_path, export_tool, tokenizers):
+  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  out = str(tmp_path / 'export')
+  export_tool.export(local, out)
+  with open(os.path.join(out, 'model.safetensors'), 'r+b') as f:
+    f.seek(os.path.getsize(f.name) // 2)
+    byte = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([byte[0] ^ 0x40]))
+  with pytest.raises(manifest.ExportIncompleteError, match='model.safetensors'):
+    prolip_jax.load(out)
+
+
+def test_import_into_a_gcs_workdir_then_load_it(gcs, tmp_path, export_tool,
+                                               import_tool, tokenizers):
+  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  out = str(tmp_path / 'export')
+  export_tool.export(local, out)
+  url = gcs.url()
+  import_tool.import_weights(os.path.join(out, 'model.safetensors'),
+                             tue._run_config(), url, tokenizers[0])
+  wd = Workdir(url)
+  assert wd.tokenizer.exists() and checkpoint.latest_step(url) == 0
+  tue._assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
+
+
+# ----------------------------------------------------------------------------
+# The pod path on a gs:// workdir
+
+
+def _env(server, devices=1):
+  env = dict(os.environ, **server.env)
+  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env['JAX_PLATFORMS'] = 'cpu'
+  return env
+
+
+def _main(workdir, env, *extra):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'prolip_jax.main', f'--config={MICRO}',
+       f'--workdir={workdir}', '--config.total_steps=9',
+       '--config.checkpoint_every_steps=3', *extra],
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def _losses(metrics_text):
+  return {r['step']: r['loss'] for r in map(json.loads,
+                                             metrics_text.splitlines())
+          if 'loss' in r}
+
+
+def _checkpoint_being_written(wd: Workdir) -> bool:
+  """A step folder without Orbax's commit marker (on GCS Orbax writes in
+  place and commits with ``commit_success.txt`` last)."""
+  if not wd.checkpoints.exists():
+    return False
+  for step in wd.checkpoints.iterdir():
+    names = {p.name for p in step.iterdir()}
+    if names and 'commit_success.txt' not in names:
+      return True
+  return False
+
+
+@pytest.mark.slow
+def test_train_kill9_in_a_checkpoint_resume_evaluate_export_load_on_gcs(
+    gcs, tmp_path):
+  reference = str(tmp_path / 'reference')
+  proc = _main(reference, _env(gcs))
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err
+  want = _losses(open(os.path.join(reference, 'metrics.jsonl')).read())
+
+  url = gcs.url()
+  wd = Workdir(url)
+  proc = _main(url, _env(gcs))
+  deadline = time.time() + 600
+  while proc.poll() is None and not _checkpoint_being_written(wd):
+    assert time.time() < deadline
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  proc = _main(url, _env(gcs))
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err
+  assert f'Checkpoint: {url}/checkpoints/9' in out
+  assert _losses(wd.metrics.read_text()) == pytest.approx(want, rel=0,
+                                                          abs=0)
+  assert not any(n.startswith('gs:') for n in os.listdir(REPO))
+
+  report = url + '/eval'
+  status = subprocess.run(
+      [sys.executable, '-m', 'prolip_jax.evaluate', f'--workdir={url}',
+       f'--out={report}'], cwd=REPO, env=_env(gcs), capture_output=True,
+      text=True, timeout=600)
+  assert status.returncode == 0, status.stderr
+  summary = json.loads((paths.parse(report) / 'summary.json').read_text())
+  assert summary['metrics']['digits/zero_shot/csd_top1'] > 0.05
+
+  export = url + '/export'
+  status = subprocess.run(
+      [sys.executable, 'tools/export_pytorch.py', f'--workdir={url}',
+       f'--out={export}'], cwd=REPO, env=_env(gcs), capture_output=True,
+      text=True, timeout=600)
+  assert status.returncode == 0, status.stderr
+  from_export = prolip_jax.load(export)
+  from_workdir = prolip_jax.load(url)
+  from_local = prolip_jax.load(reference)
+  texts = ['seven', 'a thick seven written on the left side']
+  for other in (from_workdir, from_local):
+    np.testing.assert_allclose(from_export.encode_text(texts)[0],
+                               other.encode_text(texts)[0], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_on_gcs_falls_back_and_is_set_aside(
+    gcs, capfd):
+  url = gcs.url()
+  wd = Workdir(url)
+  proc = _main(url, _env(gcs), '--config.total_steps=6')
+  _, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err
+  # Garble the largest object of step 6's parameters (same size).
+  objects = [p for root, _, files in (wd.checkpoint(6) / 'params').walk()
+             for p in (root / f for f in files)]
+  biggest = max(objects, key=lambda p: len(p.read_bytes()))
+  data = bytearray(biggest.read_bytes())
+  for i in range(len(data) // 2, len(data) // 2 + 16):
+    data[i] ^= 0xFF
+  biggest.write_bytes(bytes(data))
+  params, meta = checkpoint.load_params(url)
+  assert meta['step'] == 3
+  assert f'checkpoint step 6 at {url}/checkpoints/6 cannot be read' in (
+      capfd.readouterr().err)
+  # Resuming sets step 6 aside (copied, then deleted) and trains it again.
+  proc = _main(url, _env(gcs), '--config.total_steps=6')
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err
+  assert 'moved to ' + url + '/checkpoints_unreadable/6' in err
+  assert (wd.unreadable / '6' / 'params').exists()
+  assert checkpoint.latest_step(url) == 6
+  assert checkpoint.load_params(url)[1]['step'] == 6
+
+
+@pytest.mark.slow
+def test_the_pod_command_on_gcs_two_hosts_preempted_on_one_resumes_exactly(
+    gcs, tmp_path):
+  """docs/training.md's pod command as two processes on 127.0.0.1 against
+  the GCS server: SIGTERM to process 1 only -> both exit 75 after one
+  collective checkpoint on gs:// -> the same command resumes, and the loss
+  curve equals an uninterrupted two-process run's (on local disk)."""
+  import test_multiprocess as tmp  # pylint: disable=g-import-not-at-top
+  url = gcs.url()
+  wd = Workdir(url)
+  steps = 12
+
+  def trained_past(step):
+    def done():
+      try:
+        return json.loads(wd.metrics.read_text().splitlines()[-1])[
+            'step'] > step
+      except (FileNotFoundError, IndexError, ValueError, KeyError):
+        return False
+    return done
+
+  first = tmp._TwoProcesses(url, tmp_path, 'first', steps=steps,
+                            env=gcs.env)
+  first.wait_until(trained_past(2))
+  first.procs[1].send_signal(signal.SIGTERM)
+  assert first.wait() == [75, 75], first.output(1)[-3000:]
+  stop, other = tmp._stop_steps(first)
+  assert stop == other and stop < steps
+  assert [int(p.name) for p in wd.checkpoints.iterdir()] == [stop]
+  second = tmp._TwoProcesses(url, tmp_path, 'second', steps=steps,
+                             env=gcs.env)
+  assert second.wait() == [0, 0], second.output(0)[-3000:]
+  reference = str(tmp_path / 'uninterrupted')
+  assert tmp._TwoProcesses(reference, tmp_path, 'reference', steps=steps,
+                           env=gcs.env).wait() == [0, 0]
+  resumed = [r['loss'] for r in map(json.loads, wd.metrics.read_text(
+  ).splitlines()) if 'loss' in r]
+  assert len(resumed) == steps
+  np.testing.assert_allclose(resumed, tmp._losses(reference), rtol=1e-6)
+  assert not any(n.startswith('gs:') for n in os.listdir(REPO))
