@@ -35,6 +35,21 @@ from prolip_jax import errors
 Path = epath.Path
 PathLike = Union[str, os.PathLike]
 
+def _no_listing_cache():
+  """Object stores are listed afresh every time: gcsfs and s3fs keep a
+  directory listing forever by default, and a process (or Orbax, through
+  epath) would not see the checkpoints TensorStore or another host wrote
+  after its first listing."""
+  try:
+    import fsspec.config  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  for protocol in ('gs', 'gcs', 's3', 's3a'):
+    fsspec.config.conf.setdefault(protocol, {})['use_listings_cache'] = False
+
+
+_no_listing_cache()
+
 # URL scheme -> (the fsspec package that reads it, its pip name).
 _CLIENTS = {'gs': ('gcsfs', 'gcsfs'), 's3': ('s3fs', 's3fs')}
 _URL = re.compile(r'^([A-Za-z][A-Za-z0-9+.-]*)://')
@@ -205,29 +220,32 @@ def upload_tree(local_dir: PathLike, dst: PathLike,
     copy_file(os.path.join(local_dir, name), target)
 
 
+def files_under(path: PathLike) -> list[str]:
+  """The relative paths (``/``-separated, sorted) of every file under the
+  folder or prefix ``path``, local or remote."""
+  path = as_path(path)
+  if not is_remote(path):
+    root = os.fspath(path)
+    return sorted(os.path.relpath(os.path.join(d, f), root).replace(os.sep,
+                                                                     '/')
+                  for d, _, files in os.walk(root) for f in files)
+  import fsspec  # pylint: disable=g-import-not-at-top
+  fs, key = fsspec.core.url_to_fs(os.fspath(path))
+  key = key.rstrip('/')
+  # fsspec names objects without the scheme ('bucket/key').
+  return sorted(found[len(key) + 1:] for found in fs.find(key)
+                if found.startswith(key + '/'))
+
+
 def copy_tree(src: PathLike, dst: PathLike):
   """Copies every file under ``src`` to ``dst`` (either side local or
   remote), keeping the relative layout."""
   src, dst = as_path(src), as_path(dst)
-  for root, _, files in src.walk():
-    for name in files:
-      rel = os.path.relpath(os.fspath(root / name), os.fspath(src))
-      target = dst.joinpath(*rel.split(os.sep))
-      if not is_remote(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-      copy_file(root / name, target)
-
-
-def download_tree(src: PathLike, local_dir: PathLike):
-  """Copies every file under ``src`` (local or remote) into ``local_dir``."""
-  src = as_path(src)
-  for root, _, files in src.walk():
-    for name in files:
-      rel = os.path.relpath(os.fspath(root / name), os.fspath(src))
-      out = os.path.join(os.fspath(local_dir), rel)
-      os.makedirs(os.path.dirname(out), exist_ok=True)
-      with open(out, 'wb') as f:
-        f.write((root / name).read_bytes())
+  for rel in files_under(src):
+    target = dst.joinpath(*rel.split('/'))
+    if not is_remote(target):
+      target.parent.mkdir(parents=True, exist_ok=True)
+    copy_file(src.joinpath(*rel.split('/')), target)
 
 
 @contextlib.contextmanager

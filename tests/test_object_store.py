@@ -314,8 +314,8 @@ def test_a_damaged_newest_checkpoint_on_gcs_falls_back_and_is_set_aside(
   _, err = proc.communicate(timeout=600)
   assert proc.returncode == 0, err
   # Garble the largest object of step 6's parameters (same size).
-  objects = [p for root, _, files in (wd.checkpoint(6) / 'params').walk()
-             for p in (root / f for f in files)]
+  objects = [wd.checkpoint(6) / 'params' / rel
+             for rel in paths.files_under(wd.checkpoint(6) / 'params')]
   biggest = max(objects, key=lambda p: len(p.read_bytes()))
   data = bytearray(biggest.read_bytes())
   for i in range(len(data) // 2, len(data) // 2 + 16):
@@ -375,3 +375,21 @@ def test_the_pod_command_on_gcs_two_hosts_preempted_on_one_resumes_exactly(
   assert len(resumed) == steps
   np.testing.assert_allclose(resumed, tmp._losses(reference), rtol=1e-6)
   assert not any(n.startswith('gs:') for n in os.listdir(REPO))
+
+
+def test_a_tokenizer_model_path_on_gcs_is_copied_into_the_workdir(
+    gcs, tmp_path, tokenizers):
+  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data.tokenizer import file_sha256  # pylint: disable=g-import-not-at-top
+  src = gcs.url('tok.model')
+  paths.copy_file(tokenizers[0], src)
+  config = tue._run_config()
+  config.tokenizer.model_path = src
+  config.model.text.context_length = 12
+  wd = Workdir(gcs.url())
+  tokenizer = train.setup_tokenizer(config, wd, corpus=None)
+  assert tokenizer.sha256 == file_sha256(tokenizers[0])
+  assert paths.sha256(wd.tokenizer) == file_sha256(tokenizers[0])
+  np.testing.assert_array_equal(
+      tokenizer(['two blue birds']),
+      tue.Tokenizer(tokenizers[0], 12)(['two blue birds']))

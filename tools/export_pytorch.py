@@ -11,8 +11,11 @@ tokenizer file, normalisation constants and step) and copies
 ``prolip_jax.load(OUT)`` in JAX. The export is built in a folder beside
 ``OUT`` and swapped in whole (a re-export replaces ``OUT`` whole; a killed
 export leaves the previous one); ``prolip_jax.json``/config.json record the
-tokenizer's sha256, checked on load. Errors are one line ``error: ...``,
-exit status 2.
+tokenizer's sha256, checked on load, and ``prolip_jax_manifest.json`` the
+size and sha256 of every file. ``--workdir`` and ``--out`` may be
+``gs://``/``s3://`` URLs: there, with no folder to swap, the old manifest is
+removed first and the new one uploaded last (``prolip_jax/manifest.py``).
+Errors are one line ``error: ...``, exit status 2.
 
 ``--hub_compatible`` leaves the ``prolip_jax`` key out of config.json, which
 the release's ``ProLIPHF.from_pretrained`` needs (it passes every top-level
