@@ -21,7 +21,7 @@ from prolip_jax import paths
 MANIFEST_FILE = 'prolip_jax_manifest.json'
 
 
-class ExportIncompleteError(errors.UserError, OSError):
+class ExportIncompleteError(errors.CheckpointError):
   """An export whose files do not match its manifest (or, on an object
   store, that has none)."""
 

@@ -26,9 +26,13 @@ _ONE_AT_A_TIME = threading.RLock()  # handlers call each other
 
 
 def _serialized(handler):
-  def wrapped(*args, **kwargs):
+  def wrapped(request, *args, **kwargs):
+    if request.method in ('POST', 'PUT', 'PATCH'):
+      # The body is read before the lock: a client that stops sending must
+      # not hold up every other request.
+      _ = request.data
     with _ONE_AT_A_TIME:
-      return handler(*args, **kwargs)
+      return handler(request, *args, **kwargs)
   return wrapped
 
 
@@ -77,6 +81,8 @@ def _with_preconditions(insert):
 # One thread per connection (the emulator serves one connection at a time,
 # so a client's idle keep-alive connection would stall every other client).
 emulator_server.server.HTTPServer = http.server.ThreadingHTTPServer
+# A connection that sends nothing for a minute is dropped (socket timeout).
+emulator_server.RequestHandler.timeout = 60
 
 objects.download = _serialized(_with_generation(objects.download))
 objects.insert = _serialized(_with_preconditions(objects.insert))

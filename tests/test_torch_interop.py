@@ -464,6 +464,7 @@ def test_export_then_reference_load(tmp_path, export_tool):
   out = tmp_path / 'out'
   cj = export_tool.export(str(workdir), str(out))
   assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors',
+                                     'prolip_jax_manifest.json',
                                      'tokenizer.model']
   assert cj['prolip_jax']['step'] == 7 and cj['prolip_jax']['mask_id'] == 5
   assert cj['prolip_jax']['tokenizer_file'] == 'tokenizer.model'
