@@ -124,11 +124,6 @@ def as_path(path: PathLike) -> Path:
   return path if isinstance(path, epath.Path) else parse(path)
 
 
-def text(path: PathLike) -> str:
-  """The path as a string (``gs://...`` keeps its two slashes)."""
-  return os.fspath(path)
-
-
 def join(path: PathLike, *parts: str) -> str:
   """``path/part/...`` as a string, for local paths and URLs alike."""
   return os.fspath(as_path(path).joinpath(*parts))
@@ -246,22 +241,6 @@ def copy_tree(src: PathLike, dst: PathLike):
     if not is_remote(target):
       target.parent.mkdir(parents=True, exist_ok=True)
     copy_file(src.joinpath(*rel.split('/')), target)
-
-
-@contextlib.contextmanager
-def local_file(path: PathLike) -> Iterator[str]:
-  """A local file name with the contents of ``path``: the path itself when
-  local, else a temporary download (removed afterwards), for readers that
-  take only file names (sentencepiece, safetensors)."""
-  path = as_path(path)
-  if not is_remote(path):
-    yield os.fspath(path)
-    return
-  with tempfile.TemporaryDirectory(prefix='prolip_jax-') as tmp:
-    local = os.path.join(tmp, path.name)
-    with open(local, 'wb') as f:
-      f.write(path.read_bytes())
-    yield local
 
 
 _CACHE: dict[str, str] = {}
