@@ -47,24 +47,6 @@ def fix_modes(path: str):
         os.chmod(full, 0o666 & ~mask)
 
 
-def copy_file(src: str, dst: str):
-  """Copies ``src`` to ``dst`` through a temporary file beside ``dst``, so
-  ``dst`` is never half written."""
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dst)),
-                             prefix=f'.{os.path.basename(dst)}{_PARTIAL}')
-  try:
-    with os.fdopen(fd, 'wb') as out, open(src, 'rb') as f:
-      shutil.copyfileobj(f, out)
-      out.flush()
-      os.fsync(out.fileno())
-    os.chmod(tmp, 0o666 & ~umask())
-    os.replace(tmp, dst)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
-
-
 def _alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)

@@ -243,27 +243,18 @@ def copy_tree(src: PathLike, dst: PathLike):
     copy_file(src.joinpath(*rel.split('/')), target)
 
 
-_CACHE: dict[str, str] = {}
-
-
 def local_copy(path: PathLike) -> str:
   """A local file name for ``path``: the path itself when local, else a
-  download kept for the life of the process (a tokenizer a model reads
-  again, a snapshot's weights), refreshed when the object changed size."""
+  fresh download, removed when the process ends (for readers that take only
+  file names: sentencepiece, tokenizers)."""
   path = as_path(path)
   if not is_remote(path):
     return os.fspath(path)
-  key = os.fspath(path)
-  data = path.read_bytes()
-  local = _CACHE.get(key)
-  if local is None or not os.path.isfile(local) or \
-      os.path.getsize(local) != len(data):
-    folder = tempfile.mkdtemp(prefix='prolip_jax-')
-    atexit.register(shutil.rmtree, folder, True)
-    local = os.path.join(folder, path.name)
-    _CACHE[key] = local
+  folder = tempfile.mkdtemp(prefix='prolip_jax-')
+  atexit.register(shutil.rmtree, folder, True)
+  local = os.path.join(folder, path.name)
   with open(local, 'wb') as f:
-    f.write(data)
+    f.write(path.read_bytes())
   return local
 
 

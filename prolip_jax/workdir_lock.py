@@ -24,9 +24,9 @@ from typing import Optional
 
 from prolip_jax import errors
 from prolip_jax import paths
+from prolip_jax.workdir import LOCK_FILE  # pylint: disable=unused-import
 from prolip_jax.workdir import Workdir
 
-LOCK_FILE = '.lock'
 HEARTBEAT_SECONDS = 60.0
 # Ten missed heartbeats: a live run whose writes stall for minutes (a slow
 # bucket, a long compile holds the GIL only briefly) keeps its lock.
