@@ -342,29 +342,67 @@ def _quiet_failed_read_echoes():
   logging.getLogger('asyncio').addFilter(_FailedReadEchoFilter())
 
 
+def _removed_error(mngr: ocp.CheckpointManager, step: int
+                   ) -> errors.CheckpointError:
+  return errors.CheckpointError(
+      f'checkpoint step {step} under {mngr.directory} was removed while it '
+      'was being read (by a run still training there, which keeps fewer '
+      'checkpoints); it is not damaged: try again')
+
+
+def _was_removed(mngr: ocp.CheckpointManager, step: int) -> bool:
+  """A step whose folder is gone since it was listed: rotated away by a
+  run still training there (``keep_checkpoints``), not damaged."""
+  return not paths.as_path(mngr.directory).joinpath(str(step)).exists()
+
+
 def _newest_readable(mngr: ocp.CheckpointManager, read: Callable[[int], Any],
                      what: str, on_unreadable: Optional[Callable] = None):
   """``(step, read(step))`` for the newest step ``read`` succeeds on.
 
   Each unreadable step is reported in one line on stderr (step, path,
   reason) and handed to ``on_unreadable(step)``; raises ``CheckpointError``
-  when no step reads. A ``TreeMismatchError`` (the step is healthy but does
-  not fit the caller's targets) stops the search untouched.
+  when no step reads. A step that disappears while it is read (a run still
+  training there rotated it away) is no damage: the steps are listed again
+  and the newest read, once; a second such removal is a ``CheckpointError``
+  saying to try again. A ``TreeMismatchError`` (the step is healthy but
+  does not fit the caller's targets) stops the search untouched.
   """
   _quiet_failed_read_echoes()
-  steps = sorted(mngr.all_steps(), reverse=True)
+  tried: set[int] = set()
+  removed = 0
   first_failure = None
-  for i, step in enumerate(steps):
+  while True:
+    steps = [s for s in sorted(mngr.all_steps(), reverse=True)
+             if s not in tried]
+    if not steps:
+      break
+    step = steps[0]
+    tried.add(step)
     try:
       return step, read(step)
     except TreeMismatchError:
       raise  # a healthy checkpoint of another config: not ours to set aside
     except Exception as e:  # pylint: disable=broad-except
+      if _was_removed(mngr, step):
+        removed += 1
+        if removed > 1:
+          raise _removed_error(mngr, step) from e
+        mngr.reload()
+        newest = max(set(mngr.all_steps()) - tried, default=None)
+        print(f'note: checkpoint step {step} under {mngr.directory} was '
+              'removed while it was being read (by the run still training '
+              'there); ' + (f'reading the newest, step {newest}'
+                            if newest is not None else 'no other step'),
+              file=sys.stderr, flush=True)
+        if newest is None:
+          raise _removed_error(mngr, step) from e
+        continue
       # Any failure to read one step (truncated file, bad checksum, missing
       # item) sends us to the previous step; the message says why.
       path = paths.join(mngr.directory, str(step))
       first_failure = first_failure or f'step {step} ({path}): {_reason(e)}'
-      older = (f'trying step {steps[i + 1]}' if i + 1 < len(steps)
+      older = (f'trying step {steps[1]}' if len(steps) > 1
                else 'no older step')
       if on_unreadable is not None:
         note = on_unreadable(step)
@@ -473,7 +511,12 @@ def load_params(workdir, step: Optional[int] = None,
       return params, meta
 
     if step is not None:
-      return read(step)
+      try:
+        return read(step)
+      except Exception as e:  # pylint: disable=broad-except
+        if _was_removed(mngr, step):
+          raise _removed_error(mngr, step) from e
+        raise
     if item == 'teacher':  # a missing teacher is not a damaged checkpoint
       return read(mngr.latest_step())
     return _newest_readable(mngr, read, 'checkpoint')[1]

@@ -28,7 +28,8 @@ def flatten(config: Any, prefix: str = '') -> dict[str, Any]:
 
 def describe(config: Any) -> str:
   """One line per key: ``key = value  # meaning``; keys that may not change
-  on resume end in ``[fixed on resume]``."""
+  on resume end in ``[fixed on resume]``, keys that delete files in
+  ``[removes ...]``."""
   flat = flatten(config)
   width = max(len(f'{k} = {v!r}') for k, v in flat.items())
   lines = []
@@ -37,5 +38,8 @@ def describe(config: Any) -> str:
     note = config_keys.meaning(key)
     if config_keys.fixed_reason(key):
       note += ' [fixed on resume]'
+    declared = config_keys.declaration(key)
+    if declared is not None and declared.removes:
+      note += f' [removes {declared.removes}]'
     lines.append(f'{text:{width}s}  # {note}' if note else text)
   return '\n'.join(lines)

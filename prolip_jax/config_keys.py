@@ -44,12 +44,21 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 @dataclasses.dataclass(frozen=True)
 class Key:
   """One config key: ``default``, one-line ``meaning``, ``fixed`` (why it may
-  not change on resume; '' when it may) and ``added_by`` (the objective
-  whose configs add it; '' for every config)."""
+  not change on resume; '' when it may), ``added_by`` (the objective whose
+  configs add it; '' for every config), ``minimum`` (a count, size or
+  interval: the smallest integer it may be, checked by ``check_values``
+  before any work; None: not a count), ``none_allowed`` (None is a valid
+  value of such a count, its meaning said in ``meaning``) and ``removes``
+  (what a value of it
+  deletes from the workdir: printed when a run starts with files it will
+  delete)."""
   default: Any
   meaning: str
   fixed: str = ''
   added_by: str = ''
+  minimum: int | None = None
+  none_allowed: bool = False
+  removes: str = ''
 
 
 KEYS: dict[str, Key] = {
@@ -57,30 +66,30 @@ KEYS: dict[str, Key] = {
                 'randomness', DATA),
     'objective': Key('prolip', 'prolip | siglip | clip | pcme | otter | '
                      'uniclip | pcclip', MODEL),
-    'batch_size': Key(128, 'global batch (all devices and hosts)', DATA),
+    'batch_size': Key(128, 'global batch (all devices and hosts)', DATA, minimum=1),
     'total_steps': Key(1000, 'optimizer steps of the run (the schedule spans '
-                       'them)'),
+                       'them)', minimum=1),
     # -- the model (the tiny preset; presets.model_preset overrides sizes)
     'model.embed_dim': Key(64, 'dimension d of the shared embedding space',
-                           PARAMETER_TREE),
+                           PARAMETER_TREE, minimum=1),
     'model.vision.image_size': Key(32, 'image side in pixels',
-                                   PARAMETER_TREE),
+                                   PARAMETER_TREE, minimum=1),
     'model.vision.patch_size': Key(8, 'ViT patch side in pixels',
-                                   PARAMETER_TREE),
-    'model.vision.width': Key(128, 'image tower width', PARAMETER_TREE),
-    'model.vision.layers': Key(4, 'image tower blocks', PARAMETER_TREE),
-    'model.vision.heads': Key(4, 'image tower attention heads', MODEL),
+                                   PARAMETER_TREE, minimum=1),
+    'model.vision.width': Key(128, 'image tower width', PARAMETER_TREE, minimum=1),
+    'model.vision.layers': Key(4, 'image tower blocks', PARAMETER_TREE, minimum=1),
+    'model.vision.heads': Key(4, 'image tower attention heads', MODEL, minimum=1),
     'model.vision.mlp_ratio': Key(4.0, 'image MLP width / tower width',
                                   PARAMETER_TREE),
     'model.vision.act': Key('gelu', 'image MLP activation: gelu | '
                             'quick_gelu', MODEL),
     'model.vision.ln_eps': Key(1e-5, 'image LayerNorm epsilon', MODEL),
     'model.text.vocab_size': Key(256, 'text embedding rows (>= tokenizer '
-                                 'pieces)', PARAMETER_TREE),
-    'model.text.context_length': Key(32, 'caption tokens', PARAMETER_TREE),
-    'model.text.width': Key(128, 'text tower width', PARAMETER_TREE),
-    'model.text.layers': Key(3, 'text tower blocks', PARAMETER_TREE),
-    'model.text.heads': Key(4, 'text tower attention heads', MODEL),
+                                 'pieces)', PARAMETER_TREE, minimum=1),
+    'model.text.context_length': Key(32, 'caption tokens', PARAMETER_TREE, minimum=1),
+    'model.text.width': Key(128, 'text tower width', PARAMETER_TREE, minimum=1),
+    'model.text.layers': Key(3, 'text tower blocks', PARAMETER_TREE, minimum=1),
+    'model.text.heads': Key(4, 'text tower attention heads', MODEL, minimum=1),
     'model.text.mlp_ratio': Key(4.0, 'text MLP width / tower width',
                                 PARAMETER_TREE),
     'model.text.act': Key('gelu', 'text MLP activation: gelu | quick_gelu',
@@ -126,7 +135,7 @@ KEYS: dict[str, Key] = {
                       '(release)'),
     'loss.otter.alpha': Key(0.5, 'OTTER: weight of the hard InfoNCE labels'),
     'loss.otter.lam': Key(0.15, 'OTTER: Sinkhorn temperature lambda'),
-    'loss.otter.n_iter': Key(5, 'OTTER: Sinkhorn iterations'),
+    'loss.otter.n_iter': Key(5, 'OTTER: Sinkhorn iterations', minimum=1),
     'loss.otter.gamma_v': Key(1.0, 'OTTER: weight of image-image '
                               'similarity'),
     'loss.otter.gamma_t': Key(1.0, 'OTTER: weight of text-text similarity'),
@@ -139,7 +148,7 @@ KEYS: dict[str, Key] = {
     'loss.pcclip_squared': Key(False, "PC-CLIP: eq. 5's squared loss",
                                added_by='pcclip'),
     'loss.pcclip_max_phrases': Key(1, 'PC-CLIP: differing attributes per '
-                                   'pair (0: all)', DATA, added_by='pcclip'),
+                                   'pair (0: all)', DATA, added_by='pcclip', minimum=0),
     'loss.mp_nce_weights': Key('balanced', 'UniCLIP domain weights: balanced '
                                '| uniform | (w_II, w_IT, w_TT)',
                                added_by='uniclip'),
@@ -157,7 +166,7 @@ KEYS: dict[str, Key] = {
     'optim.b2': Key(0.95, 'Adam beta2'),
     'optim.eps': Key(1e-6, 'Adam epsilon'),
     'optim.weight_decay': Key(0.2, 'decoupled weight decay on matrices'),
-    'optim.warmup_steps': Key(100, 'linear warm-up steps'),
+    'optim.warmup_steps': Key(100, 'linear warm-up steps', minimum=0),
     'optim.end_lr_ratio': Key(0.0, 'final lr as a fraction of the peak'),
     'optim.grad_clip': Key(0.0, 'global-norm gradient clip (0: none)',
                            OPTIMIZER_TREE),
@@ -171,7 +180,7 @@ KEYS: dict[str, Key] = {
                       'train, or fit + val (validation carved from train)',
                       DATA),
     'data.render_size': Key(64, 'emoji: pixels of the rendered glyphs',
-                            DATA),
+                            DATA, minimum=1),
     'data.captions': Key('templates', 'digits, emoji: templates | '
                          'paraphrases (every level worded with the same '
                          'phrasings, one drawn per example)', DATA),
@@ -188,9 +197,9 @@ KEYS: dict[str, Key] = {
     'data.color_on_device': Key(False, 'apply jitter/grayscale in the train '
                                 'step (the host only crops)', DATA),
     'data.num_views': Key(1, 'augmented views per image (UniCLIP: > 1)',
-                          DATA),
-    'data.num_workers': Key(0, 'Grain worker processes (0: in-process)'),
-    'data.num_threads': Key(2, 'Grain read threads'),
+                          DATA, minimum=1),
+    'data.num_workers': Key(0, 'Grain worker processes (0: in-process)', minimum=0),
+    'data.num_threads': Key(2, 'Grain read threads', minimum=1),
     'data.path': Key('', 'array_record shards (glob or brace pattern)', DATA),
     'data.tfds_name': Key('', 'TFDS dataset name', DATA),
     'data.tfds_split': Key('train', 'TFDS split', DATA),
@@ -200,9 +209,9 @@ KEYS: dict[str, Key] = {
     'data.max_bad_fraction': Key(0.01, 'stop when more records than this are '
                                  'bad'),
     'data.bad_record_warmup': Key(1000, 'records seen before the bad '
-                                  'fraction counts'),
+                                  'fraction counts', minimum=0),
     'data.tokenizer_max_sentences': Key(1_000_000, 'captions used to train a '
-                                        'tokenizer (first run only)'),
+                                        'tokenizer (first run only)', minimum=1),
     'data.eval_view': Key('default', "eval image transform: default | "
                           "release (open_clip's)"),
     'data.eval_image_order': Key('rgb_first', 'eval decode: rgb_first | '
@@ -212,7 +221,7 @@ KEYS: dict[str, Key] = {
     'tokenizer.model_path': Key('', 'a .model file (empty: train one on the '
                                 'captions)', TOKENIZER),
     'tokenizer.vocab_size': Key(256, 'pieces of a tokenizer trained here',
-                                TOKENIZER),
+                                TOKENIZER, minimum=1),
     'tokenizer.pad_id': Key(-1, "pad id (-1: the model's)", TOKENIZER),
     'tokenizer.mask_id': Key(-1, '[MASK] id for masked captions (-1: none)',
                              TOKENIZER),
@@ -226,15 +235,15 @@ KEYS: dict[str, Key] = {
                           'hf-hub:NAME)'),
     # -- evaluation, logging, checkpoints, devices
     'eval.every_steps': Key(0, 'held-out eval interval (0: at the end '
-                            'only)'),
-    'eval.batch_size': Key(250, 'eval batch'),
+                            'only)', minimum=0),
+    'eval.batch_size': Key(250, 'eval batch', minimum=1),
     'eval.tfds_data_dir': Key('', 'TFDS data_dir of the evaluators that set '
                               'none (config.evals)'),
     # An open subtree: every key under it is this declaration's.
     'evals': Key({}, 'evaluators run in training and by evaluate: {name: '
                  '{kind, data, every_steps, ...}} (evaluation/evaluators.py)'),
     'log_every_steps': Key(20, 'progress line and metrics.jsonl row '
-                           'interval'),
+                           'interval', minimum=1),
     # -- reporting (may change on resume; docs/training.md)
     'profile_steps': Key('', 'A:B: jax.profiler trace of steps A..B into '
                          'WORKDIR/tensorboard (empty: none)'),
@@ -247,12 +256,15 @@ KEYS: dict[str, Key] = {
     'wandb.mode': Key('', 'online | offline | disabled (empty: WANDB_MODE, '
                       'else online)'),
     'checkpoint_every_steps': Key(200, 'Orbax checkpoint interval (also on '
-                                  'SIGTERM)'),
-    'keep_checkpoints': Key(3, 'newest checkpoints kept; older ones are '
-                            'deleted'),
+                                  'SIGTERM)', minimum=1),
+    'keep_checkpoints': Key(3, 'newest checkpoints kept (None: every one); '
+                            'older ones are deleted', minimum=1,
+                            none_allowed=True,
+                            removes='the checkpoints older than the newest '
+                            'keep_checkpoints'),
     'max_nonfinite_steps': Key(5, 'stop after this many consecutive steps '
                                'with a non-finite loss/gradient (each is '
-                               'skipped)'),
+                               'skipped)', minimum=1),
     'debug_nan_steps': Key((), "fault injection for tests: make these "
                            "steps' loss NaN"),
     'debug_raise_at_step': Key(0, 'fault injection for tests: raise a '
@@ -261,24 +273,24 @@ KEYS: dict[str, Key] = {
                                'that raises at debug_raise_at_step (-1: '
                                'every process)'),
     'mesh.data': Key(-1, 'data-parallel axis size (-1: the rest)'),
-    'mesh.fsdp': Key(1, 'FSDP axis size'),
-    'mesh.num_devices': Key(0, 'devices used (0: all)'),
+    'mesh.fsdp': Key(1, 'FSDP axis size', minimum=1),
+    'mesh.num_devices': Key(0, 'devices used (0: all)', minimum=0),
     'mesh.fsdp_min_size_mb': Key(4.0, 'FSDP floor: parameters (and their '
                                  'optimizer state) under this many MiB stay '
                                  'replicated'),
     # -- UniCLIP heads (objectives/uniclip.py)
     'uniclip.embed_dim': Key(0, 'UniCLIP: head output dimension (0: '
                              'model.embed_dim)', PARAMETER_TREE,
-                             added_by='uniclip'),
+                             added_by='uniclip', minimum=0),
     'uniclip.num_blocks': Key(3, 'UniCLIP: residual blocks of the image head',
-                              PARAMETER_TREE, added_by='uniclip'),
+                              PARAMETER_TREE, added_by='uniclip', minimum=1),
     'uniclip.mlp_ratio': Key(2.0, 'UniCLIP: image-head MLP ratio',
                              PARAMETER_TREE, added_by='uniclip'),
     'uniclip.aug_features': Key(128, 'UniCLIP: width of the augmentation '
                                 'encoder f_A', PARAMETER_TREE,
-                                added_by='uniclip'),
+                                added_by='uniclip', minimum=1),
     'uniclip.aug_hidden': Key(128, 'UniCLIP: hidden width of f_A',
-                              PARAMETER_TREE, added_by='uniclip'),
+                              PARAMETER_TREE, added_by='uniclip', minimum=1),
     'uniclip.use_aug': Key(True, 'UniCLIP: augmentation-aware image head',
                            PARAMETER_TREE, added_by='uniclip'),
     'uniclip.init_tau': Key(0.07, 'UniCLIP: initial tau_D of eq. 16', MODEL,
@@ -303,6 +315,25 @@ def get(config: Any, key: str) -> Any:
       return default(key)
     node = node[part]
   return node
+
+
+def check_values(config: Any) -> None:
+  """Raises ``ValueError`` naming the first count, size or interval of
+  ``config`` (a key declared with a ``minimum``) that is not an integer at
+  least that large, e.g. ``checkpoint_every_steps=0``: caught with the rest
+  of the config before any work, not as a ZeroDivisionError at step 1."""
+  for key, declared in KEYS.items():
+    if declared.minimum is None:
+      continue
+    value = get(config, key)
+    if value is None and declared.none_allowed:
+      continue
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole and isinstance(value, float) and value.is_integer():
+      whole = True
+    if not whole or value < declared.minimum:
+      raise ValueError(f'{key} must be an integer >= {declared.minimum} '
+                       f'(got {value!r}): {declared.meaning}')
 
 
 def declaration(key: str) -> Key | None:

@@ -75,6 +75,14 @@ class CheckpointError(UserError, OSError):
   """No checkpoint of a workdir or export can be read."""
 
 
+class Preempted(BaseException):
+  """SIGTERM at a moment with nothing to save (setting a run up, or after
+  its checkpoint, in the final evaluation): ``cli_main`` prints the message
+  as one line and exits ``EXIT_PREEMPTED``. A ``BaseException`` like
+  ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows
+  it."""
+
+
 def nearest(name: str, candidates: Iterable[str]) -> str:
   """`` (did you mean 'x'?)`` for the closest candidate, or ''."""
   match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
@@ -275,17 +283,33 @@ def cli_main(fn: Callable[[], Optional[int]],
   noisy = [logging.getLogger(name) for name in ('absl', 'asyncio')]
   for logger in noisy if not debug else ():
     logger.addFilter(quiet)
+  # Exceptions Python cannot raise (callbacks of TensorStore's futures into
+  # Orbax's closed event loops, dozens after a failed write) are held until
+  # the outcome is known: printed after a success or a bug, dropped after
+  # the one line of a user's error or an interrupt.
+  held: list = []
+  previous_hook = sys.unraisablehook
+  sys.unraisablehook = held.append
   reported = False
   try:
     status = fn()
     return status if isinstance(status, int) else 0
   except SystemExit:
     raise
-  except KeyboardInterrupt:
+  except (KeyboardInterrupt, Preempted) as e:
+    interrupted = isinstance(e, KeyboardInterrupt)
+    if debug:
+      traceback.print_exc()
     if distributed_process() is not None:
       end_distributed_process('interrupted (Ctrl-C) before the hosts could '
-                              'stop together', EXIT_INTERRUPTED)
-    raise
+                              'stop together' if interrupted else str(e),
+                              EXIT_INTERRUPTED if interrupted
+                              else EXIT_PREEMPTED)
+    _quiet_exit(noisy)
+    text = ' '.join(str(e).split()) or 'interrupted (Ctrl-C)'
+    print(text, file=sys.stderr, flush=True)
+    reported = True
+    return EXIT_INTERRUPTED if interrupted else EXIT_PREEMPTED
   except BaseException as e:  # pylint: disable=broad-except
     found = user_error_of(e)
     if found is None:
@@ -296,7 +320,7 @@ def cli_main(fn: Callable[[], Optional[int]],
     if debug:
       traceback.print_exc()
     else:  # ... and while Python shuts down ('Exception ignored in ...')
-      sys.unraisablehook = lambda unraisable: None
+      _quiet_exit(noisy)
     if distributed_process() is not None:
       end_distributed_process(message(found), EXIT_USER_ERROR)
     print(f'error: {message(found)}', file=sys.stderr, flush=True)
@@ -306,6 +330,26 @@ def cli_main(fn: Callable[[], Optional[int]],
     if not reported:  # kept after an error: the echoes come at exit
       for logger in noisy:
         logger.removeFilter(quiet)
+      sys.unraisablehook = previous_hook
+    if not reported or debug:
+      for unraisable in held:
+        previous_hook(unraisable)
+
+
+def _quiet_exit(noisy: list[logging.Logger]):
+  """After the one line of a user's error or an interrupt, nothing more:
+  Orbax's background threads and asyncio loops that the exit cuts short
+  ('Event loop is closed', a failed pending write) log and raise again
+  while Python shuts down, each with its traceback."""
+  sys.unraisablehook = lambda unraisable: None
+  for logger in noisy:
+    logger.addFilter(_drop_all)
+  threading.excepthook = lambda args: None
+
+
+def _drop_all(record: logging.LogRecord) -> bool:
+  del record
+  return False
 
 
 class _QuietUserErrorLogs(logging.Filter):

@@ -82,6 +82,19 @@ class SnapshotError(errors.CheckpointError, FileNotFoundError):
   for library callers."""
 
 
+class SnapshotContentError(SnapshotError, ValueError):
+  """A snapshot whose files are there but make no model: ``model.safetensors``
+  truncated or not safetensors, ``config.json`` not a model config, or the
+  two describing different models. One line naming the file (also a
+  ``ValueError``, what these were before)."""
+
+
+def _first_line(e: BaseException) -> str:
+  """``Type: first line`` of an error's message (at most 200 characters)."""
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  return type(e).__name__ + (f': {lines[0][:200]}' if lines else '')
+
+
 def _truthy(value: Optional[str]) -> bool:
   return (value or '').strip().lower() in ('1', 'true', 'yes', 'on')
 
@@ -210,16 +223,33 @@ def read_config(path: str) -> dict[str, Any]:
   """config.json of a snapshot, with ``prolip_jax.json``'s metadata merged
   under the ``prolip_jax`` key when config.json has none."""
   cfg_path = os.path.join(path, CONFIG_FILE)
-  try:
-    with open(cfg_path) as f:
-      cfg = json.load(f)
-  except (OSError, ValueError) as e:
-    raise SnapshotError(f'cannot read {cfg_path}: {e}') from e
+  cfg = _read_json_object(cfg_path)
   project_path = os.path.join(path, PROJECT_FILE)
   if not cfg.get(convert.PROJECT_KEY) and os.path.isfile(project_path):
-    with open(project_path) as f:
-      cfg[convert.PROJECT_KEY] = json.load(f)
+    cfg[convert.PROJECT_KEY] = _read_json_object(project_path)
+  if not isinstance(cfg.get(convert.PROJECT_KEY) or {}, dict):
+    raise SnapshotContentError(
+        f'{cfg_path}: its {convert.PROJECT_KEY!r} entry is a '
+        f'{type(cfg[convert.PROJECT_KEY]).__name__}, not an object: the file '
+        'is damaged or not an export\'s; export or download it again')
   return cfg
+
+
+def _read_json_object(file: str) -> dict[str, Any]:
+  """The JSON object in ``file``; ``SnapshotError`` (one line) when it cannot
+  be read, is not JSON or holds something else (a list, a number)."""
+  try:
+    with open(file) as f:
+      value = json.load(f)
+  except (OSError, ValueError) as e:
+    raise SnapshotError(f'cannot read {file}: {e}') from e
+  if not isinstance(value, dict):
+    kind = {list: 'array', str: 'string', bool: 'boolean', int: 'number',
+            float: 'number', type(None): 'null'}.get(type(value), 'value')
+    raise SnapshotContentError(
+        f'{file} holds a JSON {kind}, not the object of a model config: the '
+        'file is damaged or not a snapshot\'s; export or download it again')
+  return value
 
 
 def _tokenizer_in(directory: str) -> Optional[str]:
@@ -307,11 +337,16 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
   """Model config, tokenizer and preprocessing of a local snapshot ``path``
   (see the module docstring for the release preset)."""
   from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg_json = read_config(path)
   try:
     model = convert.model_dict_from_json(cfg_json)
-  except ValueError as e:
-    raise ValueError(f'{os.path.join(path, CONFIG_FILE)}: {e}') from e
+    ModelConfig.from_config(model)  # its checks, before any weight is read
+  except (ValueError, TypeError, AttributeError, KeyError) as e:
+    # The user's file (a wrong type, an unknown field), not our bug.
+    raise SnapshotContentError(
+        f'{os.path.join(path, CONFIG_FILE)} is not a model config this '
+        f'project can build: {_first_line(e)}') from e
   project = cfg_json.get(convert.PROJECT_KEY) or {}
   tok_path = find_tokenizer(path, cfg_json, tokenizer)
   ctx = model['text']['context_length']
@@ -355,13 +390,35 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
 
 def load_params(path: str, model: dict[str, Any]) -> Any:
   """Parameters (nested numpy) of snapshot ``path``'s weights for the model
-  config ``model`` (a ModelConfig or its dict form)."""
+  config ``model`` (a ModelConfig or its dict form).
+
+  Raises ``SnapshotContentError`` (one line) for weights that are not a
+  whole safetensors file (truncated, damaged) or that do not fit ``model``
+  (a ``config.json`` of another model, or one with defaults only, ``{}``).
+  """
+  from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   weights = os.path.join(path, WEIGHTS_FILE)
   try:
-    params, _ = convert.state_dict_to_params(load_file(weights), model)
-  except ValueError as e:
-    raise ValueError(f'{weights}: {e}') from e
+    state_dict = load_file(weights)
+  except FileNotFoundError:
+    raise
+  except (SafetensorError, OSError, ValueError) as e:
+    raise SnapshotContentError(
+        f'{weights} ({os.path.getsize(weights)} bytes) is not a whole '
+        f'safetensors file ({_first_line(e)}): it is truncated or damaged; '
+        'export or download it again') from e
+  try:
+    params, _ = convert.state_dict_to_params(state_dict, model)
+  except (ValueError, TypeError) as e:
+    # The first lines name the count and the first offending key; the rest
+    # are behind --debug (the chained cause).
+    lines = [l.strip().rstrip(':') for l in str(e).splitlines() if l.strip()]
+    shown = ': '.join(lines[:2])[:400]
+    raise SnapshotContentError(
+        f'{weights} does not fit {os.path.join(path, CONFIG_FILE)} '
+        f'({type(e).__name__}: {shown}): the config describes another model '
+        'or is incomplete; export or download the snapshot again') from e
   return params
 
 

@@ -5,11 +5,16 @@
 >>> mu, logvar = model.encode_text(['a photo of a seven'])
 >>> clf = model.zero_shot_classifier(['zero', 'one'], ['a photo of a {}.'])
 >>> clf.predict(images)       # class indices by smallest CSD
+
+Inputs are lists (one image is ``[image]``) or an ``(N, H, W, C)`` batch
+array; a mistake in one item is an ``embedding.InputError`` (a
+``errors.UserError`` and ``ValueError``) naming its index.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Optional, Sequence
 
 import jax
@@ -29,7 +34,10 @@ from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.embedding import as_uint8_image
 from prolip_jax.embedding import embed_in_batches
+from prolip_jax.embedding import image_list
+from prolip_jax.embedding import InputError  # pylint: disable=unused-import
 from prolip_jax.embedding import normalize_images
+from prolip_jax.embedding import text_list
 from prolip_jax.evaluation import metrics
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
@@ -52,7 +60,9 @@ class ZeroShotClassifier:
 
   def scores(self, images: Sequence[np.ndarray], metric: str = 'csd'
              ) -> np.ndarray:
-    """``(n, C)``: ``-CSD`` (default) or cosine; higher is better."""
+    """``(n, C)``: ``-CSD`` (default) or cosine; higher is better.
+    ``images`` as ``LoadedModel.encode_image`` takes them (a list, or an
+    ``(n, H, W, C)`` batch)."""
     mu, logvar = self.model.encode_image(images)
     if self.var is None:
       metric = 'cosine'
@@ -118,11 +128,15 @@ class LoadedModel:
                    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Images of any size -> (mu ``(n, d)``, logvar ``(n, d)`` or None).
 
-    Each image is a uint8 ``(h, w, 3)`` or ``(h, w)`` array, a float array
-    with values in [0, 1], a PIL image, a file path or encoded bytes
-    (``embedding.as_uint8_image``, which refuses NaN, out-of-range values,
-    channels-first and empty arrays with a ``ValueError`` naming the image).
-    No images give ``(0, d)`` arrays.
+    ``images``: a list (or other sequence) of images, or a batch array
+    ``(n, h, w, c)``; one image alone, e.g. an ``(h, w, 3)`` array, is
+    refused (``embedding.image_list``): pass ``[image]``. Each image is a
+    uint8 ``(h, w, 3)`` or ``(h, w)`` array, a uint16 array (16-bit pixels,
+    ``>> 8``), a float array with values in [0, 1], a PIL image, a file path
+    or encoded bytes (``embedding.as_uint8_image``, which refuses bytes that
+    do not decode, NaN, out-of-range values, channels-first and empty arrays
+    with an ``InputError`` naming the image). No images give ``(0, d)``
+    arrays.
     """
     batch = self.preprocess_images(images)
     if not len(batch):
@@ -134,19 +148,23 @@ class LoadedModel:
     """The model's eval transform: images as ``encode_image`` takes them
     -> ``(n, s, s, 3)`` uint8 (``image_view`` and ``image_order``)."""
     keep = self.image_order == image_decode.RELEASE
-    images = [as_uint8_image(x, i, keep_mode=keep)
-              for i, x in enumerate(images)]
+    images = image_list(images)
     size = self.config.vision.image_size
-    if not images:
-      return np.zeros((0, size, size, 3), np.uint8)
-    return pipeline.eval_images(images, size, self.image_view,
-                                self.image_order)
+    out = np.zeros((len(images), size, size, 3), np.uint8)
+    # One image at a time: only one full-size decoded image is held.
+    for i, x in enumerate(images):
+      out[i] = pipeline.eval_images([as_uint8_image(x, i, keep_mode=keep)],
+                                    size, self.image_view,
+                                    self.image_order)[0]
+    return out
 
   def encode_text(self, texts: Sequence[str] | str
                   ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Captions -> (mu ``(n, d)``, logvar ``(n, d)`` or None); no captions
-    give ``(0, d)`` arrays."""
-    tokens = self.tokenizer(texts)
+    give ``(0, d)`` arrays. One ``str`` is one caption; an item that is not
+    a ``str`` (or UTF-8 ``bytes``) is an ``InputError`` naming its index
+    (``embedding.text_list``)."""
+    tokens = self.tokenizer(text_list(texts))
     if len(tokens) == 0:
       return self._empty(self.text_fn, np.full(
           (1, self.tokenizer.context_length), self.tokenizer.pad_id,
@@ -209,13 +227,15 @@ def load(path: str, step: Optional[int] = None,
                                     model_cfg.text.context_length,
                                     pad_id=model_cfg.text.pad_id)
   require_finite(params, owner)
-  return LoadedModel(model_cfg, params, tokenizer,
-                     data.get('mean', CLIP_MEAN),
-                     data.get('std', CLIP_STD),
-                     objective=run_cfg.get('objective', 'prolip'),
-                     run_config=run_cfg,
-                     image_view=data.get('eval_view', 'default'),
-                     image_order=data.get('eval_image_order', 'rgb_first'))
+  model = LoadedModel(model_cfg, params, tokenizer,
+                      data.get('mean', CLIP_MEAN),
+                      data.get('std', CLIP_STD),
+                      objective=run_cfg.get('objective', 'prolip'),
+                      run_config=run_cfg,
+                      image_view=data.get('eval_view', 'default'),
+                      image_order=data.get('eval_image_order', 'rgb_first'))
+  require_finite_outputs(model, owner)
+  return model
 
 
 def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
@@ -232,6 +252,13 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
   Raises:
     hub.SnapshotError: (a FileNotFoundError) the snapshot, or its tokenizer,
       cannot be found; the message names the path or repo and cache.
+    hub.SnapshotContentError: (also a ValueError) a truncated or damaged
+      model.safetensors, a config.json that is no model config or not this
+      model's (one line naming the file).
+    manifest.ExportIncompleteError: an export's file differs from its
+      manifest.
+    errors.NonFiniteParamsError: non-finite weights, or non-finite
+      embeddings of the probe inputs (``require_finite_outputs``).
   """
   path = hub.resolve(path_or_repo)
   s = hub.snapshot_settings(path, tokenizer)
@@ -242,9 +269,11 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
         f'the export {path}')
   params = hub.load_params(path, model_cfg)
   require_finite(params, f'the snapshot {path}')
-  return LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
-                     batch_size=batch_size, image_view=s.image_view,
-                     image_order=s.image_order)
+  model = LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
+                      batch_size=batch_size, image_view=s.image_view,
+                      image_order=s.image_order)
+  require_finite_outputs(model, f'the snapshot {path}')
+  return model
 
 
 def require_finite(params: Any, owner: str):
@@ -260,3 +289,65 @@ def require_finite(params: Any, owner: str):
         f'{owner} has non-finite parameters (NaN or infinity) in '
         f'{len(bad)} arrays, e.g. {", ".join(bad[:3])}: it cannot embed '
         'anything; load an earlier checkpoint or export')
+
+
+# What ``require_finite_outputs`` embeds: mid-grey pixels and a short caption.
+PROBE_GREY = 128
+PROBE_TEXT = 'a photo'
+# Compiled probes by architecture (the parameters are an argument): loading
+# the same kind of model again costs no compilation. A few are kept.
+_PROBES: dict[tuple, Any] = {}
+_MAX_PROBES = 4
+
+
+def _probe_fn(model: LoadedModel):
+  """A jitted ``(params, image (1, s, s, 3) uint8, tokens (1, L)) ->
+  ((mu, logvar), (mu, logvar))`` of ``model``'s encoders, shared by every
+  model with its architecture, objective, run config and normalisation."""
+  objective = objectives.get(model.objective)
+  # The run config counts only for objectives whose encoders read it.
+  reads_config = type(objective).encoders is not objectives.Objective.encoders
+  key = (model.config, model._module.attention, model.objective,
+         json.dumps(model.run_config, sort_keys=True, default=str)
+         if reads_config else None, model.mean, model.std)
+  fn = _PROBES.get(key)
+  if fn is None:
+    # Only what the key fixes is captured, not ``model`` (nor its params).
+    module, run_config = model._module, model.run_config
+    mean, std = model.mean, model.std
+
+    def probe(params, image, tokens):
+      enc_img, enc_txt = objective.encoders(module, params, run_config)
+      return enc_img(normalize_images(image, mean, std)), enc_txt(tokens)
+
+    while len(_PROBES) >= _MAX_PROBES:
+      _PROBES.pop(next(iter(_PROBES)))
+    fn = _PROBES[key] = jax.jit(probe)
+  return fn
+
+
+def require_finite_outputs(model: LoadedModel, owner: str):
+  """Raises ``errors.NonFiniteParamsError`` (one line naming ``owner``) when
+  the embedding (mean or log-variance) of one mid-grey image or one short
+  caption holds a NaN or an infinity.
+
+  Finite weights can still overflow (a huge scale in a layer norm, a
+  log-variance head whose exponent overflows in float32); such a model
+  embeds every input as NaN, which is worth one line at load, not NaN
+  scores later. Costs one batch of 1 per tower, compiled once per
+  architecture and process (``_probe_fn``).
+  """
+  size = model.config.vision.image_size
+  image = np.full((1, size, size, 3), PROBE_GREY, np.uint8)
+  tokens = model.tokenizer([PROBE_TEXT])
+  outputs = jax.device_get(_probe_fn(model)(model.params, image, tokens))
+  bad = [f'{tower} {name}'
+         for tower, pair in zip(('image', 'text'), outputs)
+         for name, out in zip(('mean', 'log-variance'), pair)
+         if out is not None and not np.all(np.isfinite(out))]
+  if bad:
+    raise errors.NonFiniteParamsError(
+        f'{owner} embeds a mid-grey image and the caption {PROBE_TEXT!r} '
+        f'with non-finite values (NaN or infinity) in its {", ".join(bad)}, '
+        'though its parameters are finite: it cannot embed anything; load '
+        'an earlier checkpoint or export')

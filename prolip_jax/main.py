@@ -17,6 +17,14 @@ from __future__ import annotations
 import os
 import sys
 
+from prolip_jax import signals
+
+# Before the heavy imports: a Ctrl-C or SIGTERM while they run is kept for
+# the run to act on, not lost inside one of their callbacks.
+if __name__ == '__main__':
+  signals.record_early()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 from absl import logging
 from ml_collections import config_flags

@@ -7,6 +7,12 @@ written after every other file, so ``load`` (which requires it there) sees
 a complete export or refuses in one line. Locally the folder is swapped in
 whole anyway, and the manifest lets ``load`` catch damaged bytes (a flipped
 bit in ``model.safetensors``) before they become NaN embeddings.
+
+The manifest is also how an export recognises a folder it may replace
+(``foreign``): only files that an export of ours wrote are ever deleted or
+overwritten. On an object store a re-export first records every file it is
+about to replace or write in ``PENDING_FILE`` and removes that record last,
+so an upload cut short is still recognised as ours by the next export.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from prolip_jax import errors
 from prolip_jax import paths
 
 MANIFEST_FILE = 'prolip_jax_manifest.json'
+PENDING_FILE = 'prolip_jax_export_pending.json'
 
 
 class ExportIncompleteError(errors.CheckpointError):
@@ -99,3 +106,61 @@ def download(remote, local_dir: str) -> dict[str, Any]:
     paths.copy_file(src / name, os.path.join(local_dir, name))
   verify(local_dir, manifest, str(remote))
   return manifest
+
+
+def entries(directory) -> list[str]:
+  """What ``directory`` holds, sorted: locally its entries (a folder's name
+  ends in ``/``), on an object store the relative path of every object
+  under the prefix; [] when it does not exist."""
+  path = paths.as_path(directory)
+  if paths.is_remote(path):
+    return paths.files_under(path)
+  local = os.fspath(path)
+  if not os.path.isdir(local):
+    return []
+  return sorted(n + '/' if os.path.isdir(os.path.join(local, n)) else n
+                for n in os.listdir(local))
+
+
+def write_pending(directory, names: Iterable[str]):
+  """Records in ``directory/PENDING_FILE`` the files an export is about to
+  replace or write there (object stores: see the module's docstring)."""
+  paths.write_text(paths.as_path(directory) / PENDING_FILE,
+                   json.dumps({'format': 1, 'files': sorted(set(names))},
+                              indent=1))
+
+
+def _pending(directory) -> Optional[list[str]]:
+  """The names ``directory/PENDING_FILE`` records, or None."""
+  path = paths.as_path(directory) / PENDING_FILE
+  try:
+    names = json.loads(path.read_text())['files']
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  return [n for n in names if isinstance(n, str)] if isinstance(
+      names, list) else None
+
+
+def foreign(directory) -> tuple[list[str], str]:
+  """The entries of ``directory`` that no export of ours wrote, and why
+  they count as foreign; ``([], '')`` when it is missing, empty, or holds
+  nothing but an export's files: those its manifest lists (with the
+  manifest itself) or, after an upload cut short, those its pending record
+  lists. A file that a manifest lists but that is missing is no reason to
+  refuse: only what is there could be lost."""
+  present = entries(directory)
+  if not present:
+    return [], ''
+  ours: set[str] = set()
+  why = f'no {MANIFEST_FILE} lists them'
+  try:
+    listed = read(directory)
+  except ExportIncompleteError:
+    listed, why = None, f'its {MANIFEST_FILE} cannot be read'
+  if listed is not None:
+    ours |= set(listed['files']) | {MANIFEST_FILE}
+    why = f'its {MANIFEST_FILE} does not list them'
+  pending = _pending(directory)
+  if pending is not None:
+    ours |= set(pending) | {PENDING_FILE, MANIFEST_FILE}
+  return [n for n in present if n not in ours], why

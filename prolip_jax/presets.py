@@ -73,7 +73,14 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(f'cannot load a config from {path!r}')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  if not callable(getattr(module, 'get_config', None)):
+    raise AttributeError(f'{path!r} defines no get_config()')
+  config = module.get_config()
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise TypeError(f'get_config() of {path!r} returned a '
+                    f'{type(config).__name__}, not an '
+                    'ml_collections.ConfigDict')
+  return config
 
 
 def bundled_report_evals(dataset: str) -> dict:

@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 
 from prolip_jax import errors
 from prolip_jax import paths
+from prolip_jax import signals
 from prolip_jax import step_timing
 from prolip_jax.workdir import Workdir
 
@@ -61,6 +62,24 @@ def truncate_metrics(path, step: int) -> Optional[str]:
   if partial:
     parts.append(f'{partial} incomplete line(s)')
   return f'{path}: dropped ' + ' and '.join(parts)
+
+
+def logged_keys(path, step: int) -> set[str]:
+  """The metric names ``metrics.jsonl`` (local or remote) holds at ``step``,
+  over all its rows there: what a resumed run finds already written at the
+  step it restarts from (an evaluation cut short by a kill is missing)."""
+  path = paths.as_path(path)
+  if not path.exists():
+    return set()
+  found: set[str] = set()
+  for raw in path.read_bytes().split(b'\n'):
+    try:
+      row = json.loads(raw)
+      if int(row['step']) == step:
+        found.update(k for k in row if k != 'step')
+    except (ValueError, TypeError, KeyError):  # blank, or cut by a kill
+      continue
+  return found
 
 
 class MetricWriter:
@@ -146,12 +165,20 @@ def _preemption_sync_available() -> bool:
 
 
 class StopFlag:
-  """A checkpoint-then-exit at a step boundary on SIGTERM (preemption), the
-  same step on every host; ``stop`` says when, ``at_step`` is called once per
-  step.
+  """SIGTERM (preemption) and Ctrl-C turned into a stop at a step boundary:
+  the loop checks ``stop`` after each step, saves and leaves; ``at_step`` is
+  called once per step.
 
-  One process: a Python SIGTERM handler sets ``stop``; Ctrl-C stays a
-  ``KeyboardInterrupt`` (the loop saves, then re-raises it).
+  One process: Python handlers for SIGTERM and SIGINT, installed when the
+  flag is made (before the run is set up), only set ``stop`` (and, for
+  Ctrl-C, ``interrupted``). Nothing is saved or raised inside a handler:
+  its moment may be the middle of a step whose input buffers are already
+  donated, or a callback that would swallow an exception. Before the loop,
+  ``check(phase)`` ends the run between set-up phases (nothing to save
+  yet) with ``errors.Preempted`` for SIGTERM or ``KeyboardInterrupt`` for
+  Ctrl-C, each carrying the line ``errors.cli_main`` prints. A second
+  Ctrl-C raises ``KeyboardInterrupt`` at once (leave without a new
+  checkpoint).
 
   Several processes: a host that leaves alone leaves the others waiting in
   the next collective or checkpoint barrier forever, so the stop goes
@@ -163,44 +190,72 @@ class StopFlag:
   ``at_step`` asks for it (``multihost_utils.reached_preemption_sync_point``)
   and ``stop`` turns true on every host after that same step. The first
   Ctrl-C is turned into such a notice (``interrupted`` remembers it); a
-  second one interrupts at once. ``close`` gives Ctrl-C back.
+  second one interrupts at once. ``close`` gives the signals back.
   """
 
   def __init__(self):
-    self.stop = False
-    self.interrupted = False  # a Ctrl-C on this host asked for the stop
+    # A signal while prolip_jax.main started (signals.record_early).
+    self.stop, self.interrupted = signals.early()
     self._calls = 0  # at_step calls: the same count on every host
-    self._sigint = None
+    self._previous: dict[int, object] = {}
     self.synced = jax.process_count() > 1 and _preemption_sync_available()
     if self.synced:
-      self._sigint = self._install(signal.SIGINT, self._ctrl_c_to_notice)
+      self._install(signal.SIGINT, self._ctrl_c_to_notice)
+      if self.stop:  # a notice to every host, through the C++ notifier
+        self.stop = False
+        os.kill(os.getpid(), signal.SIGTERM)
       return
     if jax.process_count() > 1:
       logging.warning('JAX preemption service off: SIGTERM stops this host '
                       'only, the others will wait for it')
     self._install(signal.SIGTERM, self._handler)
+    self._install(signal.SIGINT, self._handler)
 
-  @staticmethod
-  def _install(signum, handler):
-    """Installs ``handler``; returns the previous one (None outside the main
-    thread, where handlers cannot be installed)."""
+  def _install(self, signum, handler):
+    """Installs ``handler`` (not outside the main thread, where handlers
+    cannot be installed), remembering the previous one for ``close``."""
     try:
-      return signal.signal(signum, handler)
+      previous = signal.signal(signum, handler)
     except ValueError:  # not in the main thread
-      return None
+      return
+    self._previous.setdefault(signum, previous)
 
   def _handler(self, signum, frame):
-    del signum, frame
+    del frame
+    ctrl_c = signum == signal.SIGINT
+    if ctrl_c and self.interrupted:  # the second Ctrl-C: leave now
+      signal.signal(signal.SIGINT, signal.default_int_handler)
+      raise KeyboardInterrupt('interrupted (Ctrl-C twice): left at once, '
+                              'without a new checkpoint; run the same '
+                              'command to resume from the last one')
     self.stop = True
+    self.interrupted = self.interrupted or ctrl_c
+    if ctrl_c:  # os.write: print() here could re-enter a busy stream
+      os.write(2, b'Ctrl-C: stopping at the next step boundary with a '
+               b'checkpoint (Ctrl-C again to leave at once, without one)\n')
+
+  def check(self, phase: str, resumed: bool):
+    """Ends a run stopped before its first step, after ``phase`` (e.g. 'the
+    tokenizer'): nothing new is trained, so nothing is saved. ``resumed``:
+    the workdir holds a checkpoint the next run resumes from."""
+    if not self.stop or self.synced:  # (several: the loop's common stop)
+      return
+    what = 'Ctrl-C' if self.interrupted else 'SIGTERM'
+    text = (f'stopped by {what} after {phase}, before any new step: nothing '
+            'new to save; run the same command to '
+            + ('resume' if resumed else 'start again'))
+    raise KeyboardInterrupt(text) if self.interrupted else errors.Preempted(
+        text)
 
   def _ctrl_c_to_notice(self, signum, frame):
     """Ctrl-C on one host of several: a preemption notice, which the C++
     notifier's SIGTERM handler takes like the scheduler's."""
     del signum, frame
     self.interrupted = True
-    signal.signal(signal.SIGINT, self._sigint)  # the next Ctrl-C interrupts
-    print('Ctrl-C: every host stops at the next common step and saves '
-          '(Ctrl-C again to interrupt at once)', file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT,
+                                                    signal.default_int_handler))
+    os.write(2, b'Ctrl-C: every host stops at the next common step and '
+             b'saves (Ctrl-C again to interrupt at once)\n')
     os.kill(os.getpid(), signal.SIGTERM)
 
   def at_step(self, step: int):
@@ -216,10 +271,13 @@ class StopFlag:
              f'preemption notice; every host stops after step {step}')
 
   def close(self):
-    """Gives Ctrl-C its previous handler (several processes)."""
-    if self._sigint is not None:
-      signal.signal(signal.SIGINT, self._sigint)
-      self._sigint = None
+    """Gives the signals their previous handlers."""
+    for signum, previous in self._previous.items():
+      try:
+        signal.signal(signum, previous)
+      except (ValueError, TypeError):  # not the main thread; a C handler
+        pass
+    self._previous = {}
 
 
 class NonFiniteMonitor:

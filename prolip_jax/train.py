@@ -197,8 +197,13 @@ def validate_config(config):
   """Raises ``ValueError`` for a config that cannot train (the generic
   checks, then the objective's own)."""
   objective = objectives.get(config.objective)
-  if config.total_steps <= 0 or config.batch_size <= 0:
-    raise ValueError('total_steps and batch_size must be positive')
+  config_keys.check_values(config)  # counts, sizes, intervals: >= minimum
+  wanted, present = int(config.mesh.get('num_devices', 0) or 0), (
+      jax.device_count())
+  if wanted > present:
+    raise ValueError(f'mesh.num_devices={wanted} but {present} '
+                     f'{jax.default_backend()} device(s) are present '
+                     '(0: use them all)')
   if not 0 < config.masking.image_keep_ratio <= 1:
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
   loop_report.check_config(config)  # profile_steps, wandb.*
@@ -306,25 +311,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     validate_config(config)
   workdir = Workdir.of(workdir)  # every file of the run, local or gs://
   workdir.check_checkpoint_store()
-  workdir.create()
-  lock = WorkdirLock(workdir)
-  failure = None
-  if jax.process_index() == 0:
-    try:
-      lock.acquire()
-    except errors.WorkdirLockedError as e:
-      failure = e
-  if jax.process_count() > 1:  # every process stops if process 0 could not
-    held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
-    if not held and failure is None:
-      failure = errors.WorkdirLockedError(
-          f'workdir {workdir} is in use (see process 0)')
-  if failure is not None:
-    raise failure
+  # SIGTERM and Ctrl-C from here on: a stop at a step boundary in the loop,
+  # a one-line exit between set-up phases before it (progress.StopFlag).
+  stopper = progress.StopFlag()
   try:
-    return _train_and_evaluate(config, workdir, max_steps, allow_fresh_start)
+    stopper.check('start-up', resumed=workdir.has_checkpoints())
+    workdir.create()
+    lock = WorkdirLock(workdir)
+    failure = None
+    if jax.process_index() == 0:
+      try:
+        lock.acquire()
+      except errors.WorkdirLockedError as e:
+        failure = e
+    if jax.process_count() > 1:  # every process stops if process 0 could not
+      held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
+      if not held and failure is None:
+        failure = errors.WorkdirLockedError(
+            f'workdir {workdir} is in use (see process 0)')
+    if failure is not None:
+      raise failure
+    try:
+      return _train_and_evaluate(config, workdir, stopper, max_steps,
+                                 allow_fresh_start)
+    finally:
+      lock.release()
   finally:
-    lock.release()
+    stopper.close()
 
 
 @dataclasses.dataclass
@@ -415,8 +428,46 @@ def _injected_fault(config, step: int):
                        '(config.debug_raise_at_step)')
 
 
-def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
-                        allow_fresh_start: bool):
+def _note_removals(config, steps: list[int], is_chief: bool):
+  """One line when ``keep_checkpoints`` (a key that ``removes`` data) will
+  delete more than the usual oldest checkpoint at the next save: it was
+  lowered since those checkpoints were written. Nothing is deleted before a
+  newer checkpoint is committed (Orbax deletes after the save)."""
+  keep = config.keep_checkpoints
+  if not is_chief or keep is None or len(steps) <= keep:  # None: keep all
+    return
+  gone = sorted(steps)[:len(steps) - keep + 1]
+  print(f'note: keep_checkpoints={keep} deletes '
+        f'{config_keys.KEYS["keep_checkpoints"].removes}: checkpoint(s) of '
+        f'step {", ".join(map(str, gone))} will be deleted once the next '
+        'checkpoint is saved', flush=True)
+
+
+def _missing_evaluations(config, workdir: Workdir, evaluations, step: int,
+                         final: bool) -> tuple[bool, list[str]]:
+  """``(held-out evaluation missing, configured evaluators missing)`` at
+  ``step`` of a resumed run: the ones an uninterrupted run writes at that
+  step (``final``: the last) that ``metrics.jsonl`` does not hold (a kill or
+  a stop came first). Read by process 0 and sent to every process, which
+  all run them (they are collectives)."""
+  logged = progress.logged_keys(workdir.metrics, step) if (
+      jax.process_index() == 0) else set()
+  every = config.eval.every_steps
+  heldout = (config.data.name in train_time.HELDOUT
+             and (final or (every and step % every == 0))
+             and not any(k.startswith('eval/') for k in logged))
+  due = evaluations.due(step, final)
+  missing = [not any(k.startswith(name + '/') for k in logged)
+             for name in due]
+  if jax.process_count() > 1:
+    flags = multihost_utils.broadcast_one_to_all(
+        np.asarray([heldout] + missing, np.int32))
+    heldout, missing = bool(flags[0]), [bool(f) for f in flags[1:]]
+  return heldout, [name for name, m in zip(due, missing) if m]
+
+
+def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
+                        max_steps: Optional[int], allow_fresh_start: bool):
   resume.check_nothing_set_aside(workdir, allow_fresh_start)
   with errors.config_errors():
     config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
@@ -425,12 +476,17 @@ def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
   resume.check_drift(config, workdir, is_chief)
   with errors.config_errors():
     run = _build(config, workdir, objective)
+  stopper.check('the tokenizer and the data pipeline',
+                resumed=workdir.has_checkpoints())
   mesh, model, tokenizer, evals = run.mesh, run.model, run.tokenizer, run.evals
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
+  _note_removals(config, list(mngr.all_steps()), is_chief)
   start, state = resume.restore_or_init(
       mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
       run.state_shardings, objective.uses_teacher)
+  stopper.check(f'restoring step {start}' if start else 'initialising',
+                resumed=start > 0)
   train_step = jit_train_step(model, config, run.tx, run.schedule, mesh,
                               tokenizer.mask_id, run.state_shardings)
 
@@ -440,7 +496,6 @@ def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
   meta = {'config': json.loads(config.to_json_best_effort()),
           'model': model.config.to_dict(),
           **checkpoint.tokenizer_meta(tokenizer)}
-  stopper = progress.StopFlag()
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
   data_iter = pipeline.iterate_from(run.dataset, start,
@@ -454,8 +509,9 @@ def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
                     dict(meta, step=int(step)), force=force,
                     teacher=state.teacher)
 
-  evaluations = train_time.LoopEvaluations(objective, model, config, tokenizer, mesh,
-                             evals, writer, workdir, is_chief)
+  evaluations = train_time.LoopEvaluations(objective, model, config,
+                                           tokenizer, mesh, evals, writer,
+                                           workdir, is_chief)
   unavailable = evaluators.check_available(evals)
   if is_chief:
     print(f'prolip_jax: {config.objective} on {config.data.name}, '
@@ -469,14 +525,22 @@ def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
   t_log, step_log = time.time(), step
   t_start = time.time()
   monitor = progress.NonFiniteMonitor(
-      config_keys.get(config, 'max_nonfinite_steps'),
-                             mngr.latest_step)
+      config_keys.get(config, 'max_nonfinite_steps'), mngr.latest_step)
   # Data wait / device split, MFU, profile_steps (prolip_jax/loop_report.py).
   report = loop_report.LoopReport(
       config, list(mesh.devices.flat), model.config.to_dict(), start, end,
       is_chief, monitor.flush, workdir.tensorboard)
+  stopped = lambda: stopper.stop
   failed = True  # until the loop ends without an exception
   try:
+    if 0 < start < end:  # evaluations a kill or a stop cut short at start
+      heldout, names = _missing_evaluations(config, workdir, evaluations,
+                                            start, final=False)
+      if heldout and not stopper.stop:
+        report.excluded(evaluations.heldout, state, start)
+      if names:
+        report.excluded(evaluations.configured, state, start, False,
+                        names, stopped)
     while step < end and not stopper.stop:
       try:
         local_batch = report.data(next, data_iter)
@@ -488,8 +552,8 @@ def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
       batch = report.data(shd.host_to_global, mesh, local_batch)
       first = step == start
       if first:
-        progress.status('Compiling the train step (the first step includes '
-                        'it)', is_chief)
+        progress.status('Compiling the train step (the first step '
+                        'includes it)', is_chief)
       report.before_step(step)
       state, metrics = train_step(state, batch, run.step_rng)
       step += 1
@@ -504,59 +568,68 @@ def _train_and_evaluate(config, workdir: Workdir, max_steps: Optional[int],
       if step % config.log_every_steps == 0 or step == end:
         metrics = jax.device_get(metrics)
         now = time.time()
-        rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
+        rate = (step - step_log) * config.batch_size / max(now - t_log,
+                                                           1e-9)
         monitor.flush()
-        last_metrics = _metrics_row(metrics, rate, monitor.total, run.source)
+        last_metrics = _metrics_row(metrics, rate, monitor.total,
+                                    run.source)
         last_metrics.update(report.end_interval(step))
         writer.write(step, last_metrics)
         if is_chief:
-          print(progress.progress_line(step, config.total_steps, last_metrics,
-                               (end - step) * config.batch_size /
-                               max(rate, 1e-9), now - t_start), flush=True)
+          print(progress.progress_line(
+              step, config.total_steps, last_metrics,
+              (end - step) * config.batch_size / max(rate, 1e-9),
+              now - t_start), flush=True)
         t_log, step_log = time.time(), step
         report.start_interval(step)
-      elif first:  # samples/s and the ETA count from here: compiling is no step
+      elif first:  # samples/s and the ETA count from here, not compiling
         t_log, step_log = time.time(), step
       if step % config.checkpoint_every_steps == 0:
         monitor.flush()
         if not monitor.consecutive:  # mid-streak the state is not new
           report.excluded(save, step)
-      if config.eval.every_steps and step % config.eval.every_steps == 0 \
-          and step != end:
+      # A stop leaves the step's evaluations to the resumed run (missing
+      # from metrics.jsonl at the step it restarts from).
+      if (config.eval.every_steps and step % config.eval.every_steps == 0
+          and step != end and not stopper.stop):
         report.excluded(evaluations.heldout, state, step)
       if step != end:
-        report.excluded(evaluations.configured, state, step, final=False)
+        report.excluded(evaluations.configured, state, step, False, None,
+                        stopped)
       _injected_fault(config, step)
       stopper.at_step(step)  # every host stops after the same step
     monitor.flush()
     failed = False
-  except KeyboardInterrupt:
-    if jax.process_count() == 1:  # several: errors.cli_main ends this host
-      logging.warning('Interrupted at step %d: saving a checkpoint', step)
-      save(step, force=True)
-    raise
   finally:
-    stopper.close()
     report.close()  # a profile still running
-    # A host that failed alone must not wait for a checkpoint: saving is a
-    # collective of every host, and the others are elsewhere.
+    # A host that failed alone must not wait for a checkpoint: saving is
+    # a collective of every host, and the others are elsewhere.
     if not failed or jax.process_count() == 1:
       mngr.wait_until_finished()
-  save(step, force=True)
+  if step > start:
+    save(step, force=True)
   mngr.wait_until_finished()
   mngr.close()
+  if step == start < end:  # stopped before its first step: nothing new
+    stopper.check('compiling', resumed=start > 0)
+  stopped_at = stopper.stop  # stopped before the end: no final evaluation
   eval_results: dict[str, float] = {}
   evals_results: dict[str, float] = {}
-  if not stopper.stop:
-    # A re-run of a finished command adds no duplicate rows.
-    eval_results = evaluations.heldout(state, step, write=step > start)
-    if step > start:
-      evals_results = evaluations.configured(state, step, final=True)
+  if not stopped_at:
+    # The final evaluations a previous run did not write (a re-run of a
+    # finished command writes none again; the held-out numbers are
+    # computed for the summary all the same). A signal now changes nothing:
+    # a stop cut short here leaves them missing for the next run.
+    heldout, names = _missing_evaluations(config, workdir, evaluations, step,
+                                          final=True)
+    eval_results = evaluations.heldout(state, step, write=heldout)
+    if names:
+      evals_results = evaluations.configured(state, step, True, names)
   writer.close()
-  ckpt_path = str(workdir.checkpoint(step))
-  summary = {'step': step, 'checkpoint': ckpt_path, 'eval': eval_results,
-             'train': last_metrics, 'preempted': stopper.stop,
-             'interrupted': stopper.interrupted,
+  summary = {'step': step, 'checkpoint': str(workdir.checkpoint(step)),
+             'eval': eval_results, 'train': last_metrics,
+             'preempted': stopped_at,
+             'interrupted': stopped_at and stopper.interrupted,
              'workdir': str(workdir), 'batch_size': config.batch_size,
              'total_steps': config.total_steps,
              'heldout': train_time.heldout_info(config) if eval_results

@@ -7,6 +7,22 @@ if '--xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
   os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+# Every JAX program the suite compiles, in this process and in the
+# processes tests start (``prolip_jax.main`` and the tools, dozens of them on
+# the same small configs), goes through one persistent compilation cache for
+# the session: a repeated program loads instead of compiling again (a 4-step
+# micro run 16.5 s -> 7.8 s; the in-process training tests 227 s -> 181 s).
+# Set before JAX is imported, which reads these once.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  import atexit  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  _CACHE = tempfile.mkdtemp(prefix='prolip_jax-test-jax-cache-')
+  atexit.register(shutil.rmtree, _CACHE, True)
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _CACHE
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
+
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 

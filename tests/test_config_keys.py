@@ -76,6 +76,38 @@ def test_print_config_marks_fixed_keys():
   assert lines['optim.grad_clip'].endswith('[fixed on resume]')
   assert '# peak learning rate' in lines['optim.lr']
   assert not lines['optim.lr'].endswith('[fixed on resume]')
+  assert lines['keep_checkpoints'].endswith(
+      '[removes the checkpoints older than the newest keep_checkpoints]')
+  assert [k for k in lines if '[removes ' in lines[k]] == ['keep_checkpoints']
+
+
+def test_minimums_refuse_below_and_accept_at_the_minimum():
+  """``check_values`` against each declared minimum: the minimum itself
+  passes (and None where declared), one below fails naming the key; bools
+  and strings never pass as counts."""
+  config = presets.load_config_file(MICRO)
+  config_keys.check_values(config)
+  bounded = {k: d for k, d in config_keys.KEYS.items()
+             if d.minimum is not None and not d.added_by}
+  assert {'checkpoint_every_steps', 'log_every_steps', 'keep_checkpoints',
+          'eval.batch_size', 'batch_size', 'total_steps'} <= set(bounded)
+  for key, declared in bounded.items():
+    node = config
+    *parents, last = key.split('.')
+    for part in parents:
+      node = node[part]
+    saved = node[last]
+    with node.ignore_type():
+      node[last] = declared.minimum
+      config_keys.check_values(config)
+      if declared.none_allowed:  # keep_checkpoints=None: keep every one
+        node[last] = None
+        config_keys.check_values(config)
+      for bad in (declared.minimum - 1, True, 'x'):
+        node[last] = bad
+        with pytest.raises(ValueError, match=key.replace('.', r'\.')):
+          config_keys.check_values(config)
+      node[last] = saved
 
 
 def _changed(key, value):

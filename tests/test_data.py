@@ -233,13 +233,13 @@ def test_convert_webdataset_truncated_tar(tmp_path, digit_data):
     cut = tar.getmember('digit02.jpg').offset_data + 100  # inside an image
   data = (tmp_path / 'x.tar').read_bytes()
   (tmp_path / 'x.tar').write_bytes(data[:cut])
-  summary = converters.convert_webdataset(str(tmp_path / 'x.tar'),
-                                          str(tmp_path / 'out'))
-  # Two whole examples kept; the torn third one is not a valid example.
-  assert summary['records_written'] == 2 and len(summary['errors']) == 1
-  assert 'x.tar' in summary['errors'][0]
-  kept = record_format.read_shard(str(tmp_path / 'out' / 'x.array_record'))
-  assert [r['image'] for r in kept] == [d[0] for d in digit_data[:2]]
+  # A shard cut short is not a shard: an error naming the tar, and neither
+  # a shard (whole or half-written) nor a .done marker for it.
+  with pytest.raises(converters.ConversionError,
+                     match=r'x\.tar is truncated.*after 2 examples'):
+    converters.convert_webdataset(str(tmp_path / 'x.tar'),
+                                  str(tmp_path / 'out'))
+  assert not (tmp_path / 'out').exists()
 
 
 def test_convert_folder(tmp_path, digit_data, photos):

@@ -9,10 +9,12 @@ themselves.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -23,6 +25,7 @@ from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import presets
 from prolip_jax import train
+from prolip_jax.evaluation import train_time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -139,6 +142,157 @@ def test_kill_9_at_random_moments_then_resume_is_bit_identical(tmp_path):
   got, meta = _leaves(str(workdir))
   assert meta['step'] == meta_ref['step'] == 40
   _assert_same(ref, got)
+
+
+# ----------------------------------------------------------------------------
+# Ctrl-C and SIGTERM: a flag the loop reads at step boundaries
+
+
+class _Lines:
+  """A started process's stdout lines, read as they come (a thread)."""
+
+  def __init__(self, proc):
+    self.lines: list[str] = []
+    self._thread = threading.Thread(target=self._read, args=(proc,),
+                                    daemon=True)
+    self._thread.start()
+
+  def _read(self, proc):
+    for line in proc.stdout:
+      self.lines.append(line)
+
+  def wait_for(self, text, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+      if any(text in line for line in self.lines):
+        return True
+      time.sleep(0.01)
+    return False
+
+  def text(self):
+    self._thread.join(timeout=30)
+    return ''.join(self.lines)
+
+
+def _signal_on(text, signum, *flags):
+  """Starts the command, sends ``signum`` once ``text`` is printed; returns
+  ``(exit status, stdout, stderr)``."""
+  proc = _main(*flags)
+  lines = _Lines(proc)
+  assert lines.wait_for(text, proc), lines.text()
+  proc.send_signal(signum)
+  err = proc.stderr.read()
+  proc.wait(timeout=120)
+  return proc.returncode, lines.text(), err
+
+
+def _rows(workdir):
+  return [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+
+
+def _train_rows(workdir):
+  return [r for r in _rows(workdir) if 'loss' in r]
+
+
+# SIGINTs of the random-moment test (the closing note of issue 31 records a
+# run of 30: PROLIP_SIGNAL_LOOPS=30).
+SIGNAL_LOOPS = int(os.environ.get('PROLIP_SIGNAL_LOOPS', '8'))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGINT])
+def test_signals_at_random_moments_save_at_the_step_boundary(tmp_path,
+                                                             signum):
+  """Ctrl-C at random moments (start-up, compiling, mid-step, at a logging
+  or checkpoint step): every run exits 130 with one line and no traceback;
+  one that trained saves the step it stopped after; the run finished after
+  all of them equals an uninterrupted one bit for bit, and metrics.jsonl
+  holds each logged step once, with the same numbers."""
+  total = 60 * max(1, SIGNAL_LOOPS // 8)  # room for every stop to train
+  flags = [f'--config={MICRO}', f'--config.total_steps={total}',
+           '--config.checkpoint_every_steps=8', '--config.log_every_steps=4',
+           '--config.keep_checkpoints=2']
+  code, _, err = _run_main(*flags, f'--workdir={tmp_path / "ref"}')
+  assert code == 0, err
+  workdir = str(tmp_path / 'stopped')
+  rng = random.Random(1)
+  saved_mid_run = 0
+  for attempt in range(SIGNAL_LOOPS):
+    before = checkpoint.latest_step(workdir) if os.path.isdir(
+        os.path.join(workdir, 'checkpoints')) else None
+    proc = _main(*flags, f'--workdir={workdir}')
+    lines = _Lines(proc)
+    if attempt % 4 == 0:  # start-up: imports, tokenizer, restore
+      time.sleep(rng.uniform(0.2, 4.0))
+    else:  # in the loop: compiling, mid-step, a logging or checkpoint step
+      lines.wait_for('Compiling the train step', proc)
+      time.sleep(rng.uniform(0.0, 2.5))
+    if proc.poll() is not None:  # finished first: nothing left to stop
+      break
+    proc.send_signal(signum)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    out = lines.text()
+    assert proc.returncode == errors.EXIT_INTERRUPTED, (out, err)
+    assert 'Traceback' not in err and 'Exception' not in err, err
+    latest = checkpoint.latest_step(workdir) if os.path.isdir(
+        os.path.join(workdir, 'checkpoints')) else None
+    stopped = re.search(r'Interrupted \(Ctrl-C\) at step (\d+), checkpoint '
+                        r'saved', out)
+    if stopped:  # saved where it stopped: the last step it printed or later
+      step = int(stopped.group(1))
+      assert latest == step, (latest, out)
+      printed = [int(m) for m in re.findall(r'^\[(\d+)/', out, re.M)]
+      assert not printed or printed[-1] <= step
+      saved_mid_run += 1
+    else:  # stopped before any new step: one line says so, nothing changed
+      last = err.strip().splitlines()[-1]
+      assert last.startswith('stopped by Ctrl-C after'), err
+      assert 'nothing new to save' in last and latest == before
+  assert saved_mid_run >= SIGNAL_LOOPS // 2, saved_mid_run
+  code, _, err = _run_main(*flags, f'--workdir={workdir}')
+  assert code == 0, err
+  ref, meta_ref = _leaves(str(tmp_path / 'ref'))
+  got, meta = _leaves(workdir)
+  assert meta['step'] == meta_ref['step'] == total
+  _assert_same(ref, got)
+  # Every logged step once, with an uninterrupted run's numbers (the
+  # timings aside); the final evaluation once.
+  timing = ('samples_per_sec', 'time/', 'perf/', 'data/')
+  strip = lambda rows: [{k: v for k, v in r.items()
+                         if not k.startswith(timing)} for r in rows]
+  assert strip(_train_rows(workdir)) == strip(_train_rows(tmp_path / 'ref'))
+  evals = [r['step'] for r in _rows(workdir) if any(k.startswith('eval/')
+                                                    for k in r)]
+  assert evals == [total]
+
+
+@pytest.mark.slow
+def test_sigterm_while_setting_up_or_compiling_exits_75_with_its_line(
+    tmp_path):
+  """SIGTERM while the tokenizer is trained: 75, one line, no lock left,
+  nothing saved; SIGTERM while the first step compiles: that step ends, is
+  saved, 75."""
+  flags = [f'--config={MICRO}', '--config.total_steps=50',
+           f'--workdir={tmp_path}']
+  code, _, err = _signal_on('Training a sentencepiece tokenizer',
+                            signal.SIGTERM, *flags)
+  assert code == errors.EXIT_PREEMPTED, err
+  assert err.strip().splitlines() == [
+      'stopped by SIGTERM after the tokenizer and the data pipeline, before '
+      'any new step: nothing new to save; run the same command to start '
+      'again'], err
+  assert not os.path.exists(tmp_path / '.lock')
+  assert not os.path.exists(tmp_path / 'checkpoints') or not os.listdir(
+      tmp_path / 'checkpoints')
+
+  code, out, err = _signal_on('Compiling the train step', signal.SIGTERM,
+                              *flags)
+  assert code == errors.EXIT_PREEMPTED, (out, err)
+  assert 'Traceback' not in err, err
+  step = int(re.search(r'Stopped by SIGTERM at step (\d+)', out).group(1))
+  assert step >= 1 and checkpoint.latest_step(str(tmp_path)) == step
+  assert not os.path.exists(tmp_path / '.lock')
 
 
 # ----------------------------------------------------------------------------
@@ -672,6 +826,91 @@ def test_resume_drops_rows_after_the_checkpoint_and_a_cut_line(tmp_path,
   for r in rows:
     if 'loss' in r:
       assert r['loss'] == by_step[r['step']]['loss'], r['step']
+
+
+@pytest.mark.slow
+def test_lowering_keep_checkpoints_says_what_it_deletes_and_keeps_the_newest(
+    tmp_path, capfd):
+  cfg = micro_config(total_steps=6, checkpoint_every_steps=2,
+                     keep_checkpoints=3)
+  train.train_and_evaluate(cfg, str(tmp_path))
+  ckpts = tmp_path / 'checkpoints'
+  assert sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) == [2, 4, 6]
+  capfd.readouterr()
+  cfg.total_steps, cfg.keep_checkpoints = 7, 1
+  summary = train.train_and_evaluate(cfg, str(tmp_path))
+  out = capfd.readouterr().out
+  assert ('note: keep_checkpoints=1 deletes the checkpoints older than the '
+          'newest keep_checkpoints: checkpoint(s) of step 2, 4, 6 will be '
+          'deleted once the next checkpoint is saved') in out, out
+  assert sorted(n for n in os.listdir(ckpts) if n.isdigit()) == ['7']
+  assert summary['checkpoint'] == str(ckpts / '7')
+  assert checkpoint.latest_step(str(tmp_path)) == 7
+
+
+def _with_evaluator(cfg, every_steps):
+  cfg.evals = {'zs': {'kind': 'zero_shot', 'data': 'digits:heldout',
+                      'every_steps': every_steps, 'batch_size': 250}}
+  return cfg
+
+
+def _steps_with(rows, prefix):
+  return [r['step'] for r in rows if any(k.startswith(prefix) for k in r)]
+
+
+@pytest.mark.slow
+def test_an_evaluation_cut_short_runs_again_on_resume(tmp_path, monkeypatch):
+  """A kill during the evaluations of step 4, after its checkpoint: the
+  resumed run (from step 4) runs them first; every row appears once."""
+  cfg = _with_evaluator(micro_config(total_steps=8, checkpoint_every_steps=4,
+                                     log_every_steps=2), every_steps=4)
+  cfg.eval.every_steps = 4
+  real = train_time.LoopEvaluations.configured
+
+  def killed_at_4(self, state, step, *args, **kwargs):
+    if step == 4:
+      raise RuntimeError('killed mid-evaluation')
+    return real(self, state, step, *args, **kwargs)
+  monkeypatch.setattr(train_time.LoopEvaluations, 'configured', killed_at_4)
+  with pytest.raises(RuntimeError, match='killed mid-evaluation'):
+    train.train_and_evaluate(cfg, str(tmp_path))
+  assert checkpoint.latest_step(str(tmp_path)) == 4
+  assert _steps_with(_rows(tmp_path), 'zs/') == []
+  monkeypatch.undo()
+  train.train_and_evaluate(cfg, str(tmp_path))
+  rows = _rows(tmp_path)
+  assert [r['step'] for r in rows if 'loss' in r] == [2, 4, 6, 8]
+  assert _steps_with(rows, 'eval/') == [4, 8]
+  assert _steps_with(rows, 'zs/') == [4, 8]
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_last_step_leaves_the_final_evaluations_to_the_rerun(
+    tmp_path, monkeypatch, capfd):
+  """A real SIGTERM during the last step: the run saves it and exits without
+  evaluating; the same command again trains nothing and writes the final
+  held-out row and the configured evaluator once; a third run adds
+  nothing."""
+  cfg = _with_evaluator(micro_config(total_steps=4), every_steps=0)
+  real = train._injected_fault  # pylint: disable=protected-access
+
+  def sigterm_at_the_end(config, step):
+    if step == config.total_steps:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(config, step)
+  monkeypatch.setattr(train, '_injected_fault', sigterm_at_the_end)
+  summary = train.train_and_evaluate(cfg, str(tmp_path))
+  assert summary['preempted'] and summary['step'] == 4
+  assert 'Stopped by SIGTERM at step 4' in capfd.readouterr().out
+  assert checkpoint.latest_step(str(tmp_path)) == 4
+  assert _steps_with(_rows(tmp_path), 'eval/') == []
+  monkeypatch.undo()
+  summary = train.train_and_evaluate(cfg, str(tmp_path))
+  assert not summary['preempted'] and summary['evals']
+  rows = _rows(tmp_path)
+  assert _steps_with(rows, 'eval/') == [4] and _steps_with(rows, 'zs/') == [4]
+  train.train_and_evaluate(cfg, str(tmp_path))
+  assert _rows(tmp_path) == rows
 
 
 def test_truncate_metrics_keeps_rows_up_to_the_step(tmp_path):

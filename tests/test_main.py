@@ -48,8 +48,8 @@ def _run(*args):
     (['--config.objective=prolp'], "unknown objective 'prolp' (did you mean "
                                    "'prolip'?)"),
     (['--config.batch_size=abc'], 'config.batch_size=abc'),
-    (['--config.total_steps=0'], 'total_steps and batch_size must be '
-                                 'positive'),
+    (['--config.total_steps=0'], 'total_steps must be an integer >= 1 '
+                                 '(got 0)'),
 ])
 def test_user_errors_are_one_line_with_status_2(tmp_path, args, expected):
   code, out, err = _run(f'--config={MICRO}', *args,

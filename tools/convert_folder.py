@@ -11,7 +11,10 @@ image path, in ``OUT_DIR/00000.array_record``, ``00001...`` of
 ``--shard_size`` records (format in ``prolip_jax/data/record_format.py``). Image
 bytes are stored unchanged. Undecodable or missing images, blank captions
 and records over ``--max_record_bytes`` are skipped and counted; the totals
-are printed and written to ``OUT_DIR/summary.json``.
+are printed and written to ``OUT_DIR/summary.json``. A missing ``--images``
+folder or captions file, a CSV without image and caption columns and
+captions that give no record at all are one line ``error: ...``, exit
+status 2, with no shard half-written and no ``summary.json``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,12 @@ tokenizer's sha256, checked on load, and ``prolip_jax_manifest.json`` the
 size and sha256 of every file. ``--workdir`` and ``--out`` may be
 ``gs://``/``s3://`` URLs: there, with no folder to swap, the old manifest is
 removed first and the new one uploaded last (``prolip_jax/manifest.py``).
-Errors are one line ``error: ...``, exit status 2.
+
+An export never deletes what it did not write: ``OUT`` must be missing,
+empty, or an export of ours (every file in it listed by its manifest, or
+by the pending record of an upload to an object store cut short);
+anything else is refused before anything is written, naming the files that
+are not ours. Errors are one line ``error: ...``, exit status 2.
 
 ``--hub_compatible`` leaves the ``prolip_jax`` key out of config.json, which
 the release's ``ProLIPHF.from_pretrained`` needs (it passes every top-level
@@ -66,7 +71,9 @@ from prolip_jax.workdir import Workdir
 def export(workdir: str, out: str, step: Optional[int] = None,
            hub_compatible: bool = False) -> dict[str, Any]:
   """Writes the export of ``workdir``'s checkpoint ``step`` (default latest)
-  to ``out``; returns the config.json dict."""
+  to ``out``; returns the config.json dict. An ``out`` holding anything that
+  is not an export of ours is refused (``UserError``) before anything is
+  written."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
 
@@ -144,31 +151,43 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     # the new one is uploaded last, so load sees a whole export or refuses.
     with tempfile.TemporaryDirectory(prefix='prolip_jax-export-') as tmp:
       write_files(tmp)
-      old = dest / manifest.MANIFEST_FILE
-      if old.exists():
-        old.unlink()
+      old = _check_out(dest)  # again: the files may have changed meanwhile
+      new = os.listdir(tmp)
+      # Recorded first, removed last: an upload cut short stays ours.
+      manifest.write_pending(dest, old + new)
+      if (dest / manifest.MANIFEST_FILE).exists():
+        (dest / manifest.MANIFEST_FILE).unlink()
+      for name in old:  # the previous export's files the new one lacks
+        if name not in new and name != manifest.PENDING_FILE:
+          (dest / name).unlink()
       paths.upload_tree(tmp, dest, last=(manifest.MANIFEST_FILE,))
+      (dest / manifest.PENDING_FILE).unlink()
     return cfg_json
   # Built beside ``out`` and swapped in whole: a killed export leaves the
   # previous export (or nothing), never new weights with an old config.
   with atomic.staging_dir(os.fspath(dest)) as tmp:
     write_files(tmp)
+    _check_out(dest)  # again, just before the swap deletes the old files
     atomic.replace_dir(tmp, os.fspath(dest))
   return cfg_json
 
 
-def _check_out(out: paths.Path):
-  """Refuses an ``out`` that is a file, or a folder with other contents than
-  an export (re-exporting replaces the folder whole)."""
+def _check_out(out: paths.Path) -> list[str]:
+  """What ``out`` holds ([] when missing or empty), all of it an export of
+  ours; refuses a file, or a folder holding anything an export did not
+  write (``manifest.foreign``), which replacing it would delete."""
   if out.is_file() or (not paths.is_remote(out)
                        and os.path.lexists(out) and not out.is_dir()):
     raise errors.UserError(f'--out {out} is a file, not a folder')
-  if out.is_dir() and any(True for _ in out.iterdir()) and not (
-      (out / CONFIG_FILE).exists() or (out / WEIGHTS_FILE).exists()):
+  foreign, why = manifest.foreign(out)
+  if foreign:
+    more = f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''
     raise errors.UserError(
-        f'--out {out} is a non-empty folder that is not an export (no '
-        f'{CONFIG_FILE}); an export replaces its folder whole: choose a new '
-        'or empty folder')
+        f'--out {out} is not an export of ours: it holds '
+        f'{", ".join(foreign[:5])}{more} ({why}); an export never replaces '
+        'or deletes what it did not write: choose a new or empty folder, or '
+        'move those away')
+  return manifest.entries(out)
 
 
 def main(argv):

@@ -19,11 +19,16 @@ mngr.item_metadata(step)``, or ``meta['has_opt_state'] is False``).
 ``--tokenizer`` copies a sentencepiece model to ``DIR/tokenizer.model``.
 
 Nothing is written when reading or converting fails (missing, unexpected or
-mis-shaped tensors are all listed in one error) or when ``DIR`` already has
-checkpoints. The checkpoint and tokenizer are built beside ``DIR`` and moved
-in together (``checkpoints/`` last), so a killed import leaves nothing a
-re-import refuses; the checkpoint's meta records the tokenizer's sha256.
-User errors are one line ``error: ...``, exit status 2.
+mis-shaped tensors are all listed in one error), when ``--src`` lies in an
+export whose ``prolip_jax_manifest.json`` gives it (or the ``--tokenizer``
+beside it) another size or sha256, or when ``DIR`` already holds a run
+(checkpoints, ``metrics.jsonl``, ...). An import never deletes or replaces
+what it did not write: other files in ``DIR`` stay, and a
+``DIR/tokenizer.model`` that differs from ``--tokenizer`` is refused. The
+checkpoint and tokenizer are built beside ``DIR`` and moved in together
+(``checkpoints/`` last), so a killed import leaves nothing a re-import
+refuses; the checkpoint's meta records the tokenizer's sha256. User errors
+are one line ``error: ...``, exit status 2.
 """
 
 from __future__ import annotations
@@ -46,12 +51,19 @@ from prolip_jax import atomic
 from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import errors
+from prolip_jax import manifest
 from prolip_jax import paths
+from prolip_jax import workdir as workdir_lib
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.workdir import Workdir
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TORCH_SUFFIXES = ('.bin', '.pt', '.pth')
+# What a run writes in its workdir: an import beside any of them would mix
+# with (or replace) a run it did not write.
+RUN_FILES = (workdir_lib.CHECKPOINT_DIR, workdir_lib.UNREADABLE_DIR,
+             workdir_lib.METRICS_FILE, workdir_lib.LOCK_FILE,
+             workdir_lib.TENSORBOARD_DIR, workdir_lib.EVALS_DIR)
 
 
 class ImportFailed(errors.UserError, ValueError):
@@ -115,10 +127,18 @@ def import_weights(src: str, config, workdir: str,
   if checkpoint.latest_step(workdir) is not None:
     raise ImportFailed(f'{checkpoint.checkpoint_dir(workdir)} already has '
                        'checkpoints; import into an empty workdir')
+  run = _run_files(wd)
+  if run:
+    raise ImportFailed(f'--workdir {workdir} already holds a run '
+                       f'({", ".join(run)}); import into a new or empty '
+                       'workdir')
   tok_meta = None
   if tokenizer:
     if not os.path.isfile(tokenizer):
       raise ImportFailed(f'no such tokenizer file: {tokenizer}')
+  _verify_export(src, tokenizer)
+  if tokenizer:
+    _check_tokenizer_target(wd, tokenizer)
     # Explicit ids: only the file's readability and identity matter here.
     tok_meta = checkpoint.tokenizer_meta(
         Tokenizer(tokenizer, 1, pad_id=0, mask_id=0))
@@ -153,19 +173,69 @@ def import_weights(src: str, config, workdir: str,
   return report
 
 
+def _run_files(wd: Workdir) -> list[str]:
+  """The files and folders of a run (``RUN_FILES``) in ``wd``; an empty
+  ``checkpoints/`` folder holds nothing to lose and does not count."""
+  found = []
+  for name in RUN_FILES:
+    path = wd.root / name
+    if not path.exists():
+      continue
+    if (name == workdir_lib.CHECKPOINT_DIR and not wd.remote
+        and path.is_dir() and not any(True for _ in path.iterdir())):
+      continue
+    found.append(name + ('/' if path.is_dir() else ''))
+  return found
+
+
+def _verify_export(src: str, tokenizer: Optional[str]):
+  """Checks ``src`` (and ``tokenizer``, when it lies beside it) against the
+  manifest of the export holding them, if there is one: damaged or replaced
+  bytes are refused before they become a checkpoint."""
+  folder = os.path.dirname(os.path.abspath(src))
+  try:
+    listed = manifest.read(folder)
+    if listed is None:
+      return
+    names = [os.path.basename(src)]
+    if tokenizer and os.path.dirname(os.path.abspath(tokenizer)) == folder:
+      names.append(os.path.basename(tokenizer))
+    manifest.verify(folder, listed, f'the export {folder}', names)
+  except manifest.ExportIncompleteError as e:
+    raise ImportFailed(str(e)) from e
+
+
+def _check_tokenizer_target(wd: Workdir, tokenizer: str):
+  """Refuses to replace a ``tokenizer.model`` already in the workdir with
+  another file (the same bytes are no loss: a re-import after a kill)."""
+  if not wd.tokenizer.exists():
+    return
+  have, want = paths.sha256(wd.tokenizer), paths.sha256(tokenizer)
+  if have != want:
+    raise ImportFailed(
+        f'{wd.tokenizer} already exists and is not --tokenizer {tokenizer} '
+        f'(sha256 {have[:16]}... vs {want[:16]}...); an import never '
+        'replaces what it did not write: move it away or import into a new '
+        'or empty workdir')
+
+
 def _move_into(staged: str, workdir: str):
   """Moves a staged import (``checkpoints/``, ``tokenizer.model``) into
   ``workdir``: the whole folder in one rename when ``workdir`` is new or
   empty; else the tokenizer first and ``checkpoints/`` last (one rename), so
   a workdir with checkpoints always has their tokenizer, and a re-import
-  after a kill in between finds no checkpoints and proceeds."""
+  after a kill in between finds no checkpoints and proceeds. All it
+  replaces in ``workdir`` is an empty ``checkpoints/`` folder; a
+  ``tokenizer.model`` already there (the same bytes: checked before) is
+  left as it is."""
   if not os.path.isdir(workdir) or not os.listdir(workdir):
     atomic.replace_dir(staged, workdir)
     return
   atomic.fix_modes(staged)
   tok = os.path.join(staged, checkpoint.TOKENIZER_FILE)
-  if os.path.exists(tok):
-    os.replace(tok, os.path.join(workdir, checkpoint.TOKENIZER_FILE))
+  target = os.path.join(workdir, checkpoint.TOKENIZER_FILE)
+  if os.path.exists(tok) and not os.path.exists(target):
+    os.rename(tok, target)
   os.replace(os.path.join(staged, checkpoint.CHECKPOINT_DIR),
              checkpoint.checkpoint_dir(workdir))
 

@@ -4,10 +4,15 @@
   shard per input shard, streamed, parallel over shards, resumable.
 * ``convert_folder``: an image folder plus a CSV / JSONL captions file.
 
-Bad inputs never stop a conversion: an undecodable image, a missing or blank
+Bad records never stop a conversion: an undecodable image, a missing or blank
 caption, a caption that is not UTF-8 text, or a record above
 ``max_record_bytes`` is skipped and counted by reason (``bad_records.REASONS``).
-Both return (and write to ``OUT_DIR/summary.json``) a summary::
+Bad inputs do, with a ``ConversionError`` (one ``error:`` line on the command
+line) naming the input: a missing images folder or captions file, a CSV
+without image and caption columns, a tar that cannot be read to its end
+(its output shard is not written and gets no ``.done`` marker), and inputs
+that give no record at all. Both return (and write to
+``OUT_DIR/summary.json``, only when the conversion succeeded) a summary::
 
   {"records_written": int, "examples_seen": int, "skipped_total": int,
    "skipped": {reason: count}, "skipped_examples": {reason: [first keys]},
@@ -26,6 +31,7 @@ import json
 import multiprocessing
 import os
 import tarfile
+import traceback
 from typing import Iterator, Optional, Sequence
 
 from prolip_jax import errors as user_errors
@@ -37,6 +43,16 @@ DEFAULT_MAX_RECORD_BYTES = 8 << 20
 IMAGE_EXTS = ('jpg', 'jpeg', 'png', 'webp')
 SUMMARY_FILE = record_format.SUMMARY_FILE
 _EXAMPLES_PER_REASON = 5
+
+
+class ConversionError(user_errors.UserError, ValueError):
+  """An input a converter cannot convert: missing, unreadable, without the
+  needed columns, or giving no record at all (a ``ValueError`` for library
+  callers)."""
+
+
+class CorruptTarError(ConversionError):
+  """A tar shard that cannot be read to its end (truncated, not a tar)."""
 
 
 class _Counts:
@@ -129,14 +145,15 @@ def _split_name(name: str) -> tuple[str, str]:
   return (os.path.join(d, stem) if d else stem), ext.lower() if dot else ''
 
 
-def iter_tar_groups(path: str, errors: list[str]
-                    ) -> Iterator[tuple[str, dict[str, bytes]]]:
+def iter_tar_groups(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
   """(key, {extension: bytes}) per example of a tar, streamed (``r|*``).
 
-  Files of one example are consecutive, as webdataset writes them. A
-  truncated or corrupt tar ends the stream; the error goes to ``errors``.
+  Files of one example are consecutive, as webdataset writes them. A tar
+  that cannot be read to its end (truncated, corrupt, not a tar) raises
+  ``CorruptTarError`` after the examples read before the damage: its shard
+  is incomplete, so the caller writes none of it.
   """
-  key, files = None, {}
+  key, files, count = None, {}, 0
   try:
     with tarfile.open(path, mode='r|*') as tar:
       for member in tar:
@@ -148,14 +165,16 @@ def iter_tar_groups(path: str, errors: list[str]
         if k != key:
           if key is not None:
             yield key, files
+            count += 1
           key, files = k, {}
         f = tar.extractfile(member)
         files[ext] = f.read() if f is not None else b''
   except (tarfile.TarError, OSError, EOFError) as e:
-    # The example being read when the stream broke may be torn: drop it.
-    errors.append(f'{path}: {type(e).__name__}: {e}; examples before '
-                  f'{key!r} kept, the rest of the shard lost')
-    return
+    where = f'after {_count(count, "example")}' if count else (
+        'before any example')
+    raise CorruptTarError(
+        f'{path} is truncated or not a tar ({type(e).__name__}: '
+        f'{" ".join(str(e).split()) or "no message"}, {where})') from e
   if key is not None:
     yield key, files
 
@@ -183,11 +202,15 @@ def _caption_from(files: dict[str, bytes]) -> tuple[Optional[str],
 
 def convert_tar(tar_path: str, out_path: str,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
-  """One webdataset tar -> one array_record shard plus its ``.done``."""
+  """One webdataset tar -> one array_record shard plus its ``.done``.
+
+  A tar that cannot be read to its end raises ``CorruptTarError`` and
+  leaves neither the shard nor its marker (nor the half-written ``.tmp``).
+  """
   counts = _Counts()
   writer = record_format.ShardWriter(out_path)
   try:
-    for key, files in iter_tar_groups(tar_path, counts.errors):
+    for key, files in iter_tar_groups(tar_path):
       counts.seen += 1
       image = next((files[e] for e in IMAGE_EXTS if e in files), None)
       caption, bad = _caption_from(files)
@@ -214,11 +237,18 @@ def _convert_tar_job(args) -> dict:
   try:
     return convert_tar(tar_path, out_path, max_record_bytes)
   except Exception as e:  # pylint: disable=broad-except
-    # Never take the whole conversion down: report the shard, no marker, so
-    # a re-run retries it.
+    # One shard does not stop the others: it is reported, with no marker, so
+    # a re-run retries it, and the conversion fails once all have run.
     c = _Counts()
-    c.errors.append(f'{tar_path}: failed: {type(e).__name__}: {e}')
-    return c.as_dict(input=tar_path, output=out_path, failed=True)
+    found = user_errors.user_error_of(e)
+    if found is not None:  # the user's to fix (a corrupt tar, disk full)
+      c.errors.append(user_errors.message(found))
+    else:  # a bug: its traceback (from the worker process) goes with it
+      c.errors.append(f'{tar_path}: failed: {type(e).__name__}: {e}')
+    return c.as_dict(input=tar_path, output=out_path, failed=True,
+                     user_error=found is not None,
+                     traceback=None if found is not None else
+                     traceback.format_exc())
 
 
 def output_name(tar_path: str) -> str:
@@ -239,6 +269,11 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   Output ``OUT/NAME.array_record`` per input ``NAME.tar``. Shards whose
   output and ``.done`` marker exist are not redone (their stored summaries
   are merged in). ``workers`` > 1 converts shards in parallel processes.
+
+  Every shard is tried; then ``ConversionError`` is raised (and no
+  ``summary.json`` written) when a shard failed (a corrupt tar: no output
+  shard, no marker; the others are kept and a re-run does only what is
+  missing) or when no record was written at all.
   """
   if isinstance(inputs, str):
     inputs = [inputs]
@@ -250,9 +285,23 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   names = [output_name(t) for t in tars]
   dup = [n for n, c in collections.Counter(names).items() if c > 1]
   if dup:
-    raise ValueError(f'input shards share output names {dup[:5]}: give them '
-                     'distinct file names')
+    raise ConversionError(f'input shards share output names {dup[:5]}: give '
+                          'them distinct file names')
+  created = not os.path.exists(output_dir)
   os.makedirs(output_dir, exist_ok=True)
+  try:
+    return _convert_shards(tars, names, inputs, output_dir, workers,
+                           max_record_bytes, verbose)
+  except ConversionError:
+    if created and not os.listdir(output_dir):
+      os.rmdir(output_dir)  # ours, and nothing came of it
+    raise
+
+
+def _convert_shards(tars: list[str], names: list[str], inputs: Sequence[str],
+                    output_dir: str, workers: int, max_record_bytes: int,
+                    verbose: bool) -> dict:
+  """The body of ``convert_webdataset`` once its inputs are known."""
   shards: dict[str, dict] = {}
   todo = []
   for tar_path, name in zip(tars, names):
@@ -283,8 +332,54 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
       shards, input_shards=len(tars), shards_converted=len(todo),
       shards_resumed=len(tars) - len(todo),
       shards_failed=sum(bool(s.get('failed')) for s in shards.values()))
+  _check_shards(shards, len(tars))
+  if summary['records_written'] == 0:
+    raise ConversionError(
+        f'no records from {", ".join(inputs)} '
+        f'({_count(len(tars), "tar shard")}): '
+        f'{_why_none(summary, "they hold no image/caption example")}')
   write_summary(output_dir, summary)
   return summary
+
+
+def _check_shards(shards: dict[str, dict], total: int):
+  """Raises for the shards that failed: ``RuntimeError`` with the worker's
+  traceback when one failed through a bug, else ``ConversionError`` naming
+  the first corrupt input."""
+  failed = [s for s in shards.values() if s.get('failed')]
+  if not failed:
+    return
+  bugs = [s for s in failed if not s.get('user_error')]
+  if bugs:
+    raise RuntimeError(f'{len(bugs)} of {total} input shards failed; the '
+                       f'first, {bugs[0]["input"]}:\n{bugs[0]["traceback"]}')
+  more = f' (and {len(failed) - 1} more)' if len(failed) > 1 else ''
+  raise ConversionError(
+      f'{len(failed)} of {total} input shards not converted: '
+      f'{failed[0]["errors"][0]}{more}; no output shard or '
+      f'{record_format.DONE_SUFFIX} marker was written for '
+      f'{"them" if len(failed) > 1 else "it"} (converted: '
+      f'{_count(total - len(failed), "other shard")}); once that is fixed '
+      '(or the input left out), the same command converts only what is '
+      'missing')
+
+
+def _why_none(summary: dict, empty: str) -> str:
+  """Why a conversion wrote no record, in a few words; ``empty`` when it
+  saw no example at all."""
+  if not summary['examples_seen']:
+    return empty
+  reasons = ', '.join(f'{r} {n}' for r, n in summary['skipped'].items() if n)
+  examples = next(iter(summary['skipped_examples'].values()), [])
+  first = f'; e.g. {examples[0]!r}' if examples else ''
+  seen = summary['examples_seen']
+  return (f'{"all " if seen > 1 else ""}{_count(seen, "example")} skipped '
+          f'({reasons}{first})')
+
+
+def _count(n: int, noun: str) -> str:
+  """``1 example``, ``2 examples``."""
+  return f'{n} {noun}{"" if n == 1 else "s"}'
 
 
 # ----------------------------------------------------------------------------
@@ -298,8 +393,34 @@ def _pick(row: dict, names: Sequence[str], what: str, path: str):
   for n in names:
     if n in row:
       return row[n]
-  raise ValueError(f'{path}: no {what} column/field; expected one of {names}, '
-                   f'got {sorted(row)}')
+  raise ConversionError(f'{path}: no {what} field; expected one of '
+                        f'{list(names)}, got {_shown(row)}')
+
+
+def _shown(names) -> str:
+  """A few column or field names, each cut short (a binary file's 'header'
+  can be one long line of bytes)."""
+  names = sorted(str(n) for n in names)
+  shown = [repr(n if len(n) <= 40 else n[:40] + '...') for n in names[:6]]
+  more = f' and {len(names) - 6} more' if len(names) > 6 else ''
+  return f'[{", ".join(shown)}{more}]'
+
+
+def _csv_columns(path: str, fields: Optional[Sequence[str]]):
+  """Raises ``ConversionError`` unless the CSV header ``fields`` has an image
+  column and a caption column."""
+  if not fields:
+    raise ConversionError(f'{path} is empty: a CSV captions file needs a '
+                          f'header with an image column {list(IMAGE_COLUMNS)} '
+                          f'and a caption column {list(CAPTION_COLUMNS)}')
+  missing = [what for what, names in (('image', IMAGE_COLUMNS),
+                                      ('caption', CAPTION_COLUMNS))
+             if not any(n in fields for n in names)]
+  if missing:
+    raise ConversionError(
+        f'{path}: the CSV header has no {" and no ".join(missing)} column: '
+        f'expected one of {list(IMAGE_COLUMNS)} and one of '
+        f'{list(CAPTION_COLUMNS)}, got {_shown(fields)}')
 
 
 def _is_utf8(text: str) -> bool:
@@ -317,19 +438,26 @@ def read_captions_file(path: str, counts: _Counts
   CSV: a header with an image column (``image``/``filepath``/``file``/...)
   and a caption column (``caption``/``text``/``title``). JSONL: one object a
   line, ``{"image": ..., "caption": str}`` or ``{"image": ..., "captions":
-  [str, ...]}``. Malformed JSONL lines are counted as ``bad_caption``.
+  [str, ...]}``. Malformed JSONL lines are counted as ``bad_caption``; a
+  CSV without those columns, or that is not CSV text, and a JSONL object
+  without an image field raise ``ConversionError``.
   """
   if path.endswith('.csv') or path.endswith('.tsv'):
     with open(path, newline='', encoding='utf-8',
               errors='surrogateescape') as f:
       reader = csv.DictReader(f, delimiter='\t' if path.endswith('.tsv')
                               else ',')
-      for row in reader:
-        image = _pick(row, IMAGE_COLUMNS, 'image', path)
-        caption = _pick(row, CAPTION_COLUMNS, 'caption', path)
-        if caption is not None and not _is_utf8(caption):
-          caption = caption.encode('utf-8', 'surrogateescape')  # a bad one
-        yield image, [caption] if caption is not None else [None]
+      try:
+        _csv_columns(path, reader.fieldnames)
+        for row in reader:
+          image = _pick(row, IMAGE_COLUMNS, 'image', path)
+          caption = _pick(row, CAPTION_COLUMNS, 'caption', path)
+          if caption is not None and not _is_utf8(caption):
+            caption = caption.encode('utf-8', 'surrogateescape')  # a bad one
+          yield image, [caption] if caption is not None else [None]
+      except csv.Error as e:  # NUL bytes, a runaway quoted field
+        raise ConversionError(f'{path} is not CSV text (line '
+                              f'{reader.line_num}: {e})') from e
     return
   with open(path, 'rb') as f:
     for lineno, raw in enumerate(f, 1):
@@ -370,11 +498,20 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
   One record per (image, caption); an image with several captions gives
   several records sharing its key (its path as written in the captions
   file). Skips are counted per record. Shards hold ``shard_size`` records.
+  A missing captions file or images folder, a CSV without image and caption
+  columns, and captions that give no record at all raise
+  ``ConversionError``; then no shard is left half-written (finished ones
+  keep their markers) and no ``summary.json`` is written.
   """
   if shard_size <= 0:
     raise user_errors.ConfigError(
         f'shard_size must be positive, not {shard_size}')
-  os.makedirs(output_dir, exist_ok=True)
+  if not os.path.isfile(captions_path):
+    raise ConversionError(f'captions file {captions_path} '
+                          f'{_missing_or(captions_path, "a folder")}')
+  if not os.path.isdir(images_dir):
+    raise ConversionError(f'images folder {images_dir} '
+                          f'{_missing_or(images_dir, "a file")}')
   counts = _Counts()
   shards: dict[str, dict] = {}
   writer, shard_count, shard_index = None, 0, 0
@@ -427,9 +564,19 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
       writer.abort()
     raise
   summary = counts.as_dict(images=images_dir, captions=captions_path)
+  if not counts.written:  # nothing was written, not even the output folder
+    raise ConversionError(
+        f'no records from captions file {captions_path} with images folder '
+        f'{images_dir}: {_why_none(summary, "it lists no image")}')
   summary['shards'] = shards
   write_summary(output_dir, summary)
   return summary
+
+
+def _missing_or(path: str, other: str) -> str:
+  """'does not exist', or 'is {other}' for an input path of the wrong
+  kind."""
+  return f'is {other}' if os.path.exists(path) else 'does not exist'
 
 
 def print_summary(summary: dict):

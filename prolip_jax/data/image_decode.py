@@ -13,6 +13,12 @@ L files; they differ where Pillow resizes the stored mode differently from
 RGB: '1' and 'P' with nearest neighbour, 'LA'/'RGBA' with premultiplied
 alpha, CMYK before its conversion (``pipeline.eval_images``'s ``order``;
 docs/interop.md).
+
+16-bit images are brought to 8 bits by keeping each value's high byte
+(``value >> 8``) wherever they come from (``to_8bit``): Pillow's own
+``convert('RGB')`` of a 16-bit greyscale image clips every value above 255 to
+white, while it opens a 16-bit RGB(A) PNG as 8-bit RGB(A) by keeping the
+high byte; ``>> 8`` makes every 16-bit input agree with the latter.
 """
 
 from __future__ import annotations
@@ -27,12 +33,42 @@ from PIL import Image
 RGB_FIRST = 'rgb_first'
 RELEASE = 'release'
 ORDERS = (RGB_FIRST, RELEASE)
+# Pillow's modes of one 16-bit channel ('I;16' and its byte orders), and 'I'
+# (32-bit integers), the mode Pillow before 10 opened 16-bit PNGs in.
+SIXTEEN_BIT_MODES = ('I;16', 'I;16L', 'I;16B', 'I;16N', 'I')
+
+
+def to_8bit(img: Image.Image) -> Image.Image:
+  """``img`` with 8-bit channels: a 16-bit greyscale image (a mode of
+  ``SIXTEEN_BIT_MODES``; in mode 'I' its values must lie in 0..65535) becomes
+  an 'L' image of ``value >> 8``; any other mode comes back as it is.
+
+  Raises ``ValueError`` for a mode 'I' image with values outside 0..65535
+  (not 16-bit pixels: no scale is right for them).
+  """
+  if img.mode not in SIXTEEN_BIT_MODES:
+    return img
+  x = np.asarray(img)  # uint16 of either byte order, or int32 for 'I'
+  if img.mode == 'I' and x.size:
+    lo, hi = int(x.min()), int(x.max())
+    if lo < 0 or hi > 65535:
+      raise ValueError(f"a mode 'I' image with values {lo}..{hi} is not "
+                       '16-bit pixels (0..65535)')
+  return Image.fromarray((x.astype(np.uint32) >> 8).astype(np.uint8))
+
+
+def uint16_to_8bit(x: np.ndarray) -> np.ndarray:
+  """A uint16 array (either byte order) as uint8 ``x >> 8``; other arrays
+  as they are."""
+  if x.dtype.kind == 'u' and x.dtype.itemsize == 2:
+    return (x.astype(np.uint16) >> 8).astype(np.uint8)
+  return x
 
 
 def decode_rgb(image: Any, min_pixels: int = 0) -> np.ndarray:
   """HxWx3 uint8 RGB from encoded image bytes or an HxW / HxWx{1,3,4} array
-  (alpha dropped, grey repeated): the decoder of training and of the data
-  pipeline.
+  (alpha dropped, grey repeated; 16-bit images and uint16 arrays scaled by
+  ``>> 8``): the decoder of training and of the data pipeline.
 
   ``min_pixels > 0``: a JPEG is decoded at the smallest of libjpeg's DCT
   scales (1, 1/2, 1/4, 1/8) that still leaves at least ``min_pixels``
@@ -46,9 +82,9 @@ def decode_rgb(image: Any, min_pixels: int = 0) -> np.ndarray:
           width * height >= 4 * min_pixels):
         k = (min_pixels / (width * height)) ** 0.5
         img.draft('RGB', (int(np.ceil(width * k)), int(np.ceil(height * k))))
-      out = np.asarray(img.convert('RGB'), np.uint8)
+      out = np.asarray(to_8bit(img).convert('RGB'), np.uint8)
   else:
-    out = np.asarray(image)
+    out = uint16_to_8bit(np.asarray(image))
     if out.ndim == 2:
       out = np.repeat(out[..., None], 3, -1)
     if out.ndim != 3 or out.shape[-1] not in (1, 3, 4):
@@ -63,19 +99,20 @@ def decode_rgb(image: Any, min_pixels: int = 0) -> np.ndarray:
 def decode_keeping_mode(image: Any) -> Image.Image | np.ndarray:
   """A PIL image in its stored mode, fully read, from encoded bytes or a file
   path; a PIL image as it is; an array as ``decode_rgb`` gives it (an array
-  has no stored mode: it is taken as RGB pixels)."""
+  has no stored mode: it is taken as RGB pixels). A 16-bit greyscale image
+  comes back as 'L' (``to_8bit``)."""
   if isinstance(image, Image.Image):
-    return image
+    return to_8bit(image)
   if isinstance(image, (str, os.PathLike)):
     with Image.open(image) as img:
       img.load()
-      return img
+      return to_8bit(img)
   if isinstance(image, (bytes, bytearray, memoryview)):
     with Image.open(io.BytesIO(image)) as img:
       img.load()
       if img.width < 1 or img.height < 1:
         raise ValueError(f'empty image {img.size}')
-      return img
+      return to_8bit(img)
   return decode_rgb(image)
 
 

@@ -203,12 +203,21 @@ class LoopEvaluations:
       self.writer.write(step, {f'eval/{k}': v for k, v in results.items()})
     return results
 
-  def configured(self, state, step: int, final: bool
+  def due(self, step: int, final: bool) -> list[str]:
+    """The names of the ``config.evals`` due at ``step``."""
+    return [e.name for e in self.evals if e.due(step, final)]
+
+  def configured(self, state, step: int, final: bool,
+                 only: Optional[list[str]] = None,
+                 stop: Callable[[], bool] = lambda: False
                  ) -> dict[str, float]:
-    """The ``config.evals`` due at ``step`` (all of them when ``final``),
-    embedded on the mesh where the train state lies, written as
-    ``<name>/<metric>``; their JSON files go to ``WORKDIR/evals/step_N``."""
-    due = [e for e in self.evals if e.due(step, final)]
+    """The ``config.evals`` due at ``step`` (all of them when ``final``; of
+    those, the names in ``only`` when given), embedded on the mesh where the
+    train state lies, written as ``<name>/<metric>``; their JSON files go to
+    ``WORKDIR/evals/step_N``. When ``stop()`` turns true the rest are left
+    (a resumed run finds them missing at the step and runs them)."""
+    due = [e for e in self.evals if e.due(step, final)
+           and (only is None or e.name in only)]
     if not due:
       return {}
     if self._on_mesh is None:  # built (and its encoders jitted) once
@@ -223,11 +232,14 @@ class LoopEvaluations:
     with (paths.local_dir_for(Workdir.of(self.workdir).evals(step))
           if self.is_chief else contextlib.nullcontext('')) as out_dir:
       for e in due:
+        if stop():
+          break
         log(f'Evaluator {e.name} at step {step}')
         found = e.run(on_mesh, out_dir, log)
         log(evaluator_line(e.name, found))
         results.update({f'{e.name}/{k}': v for k, v in found.items()})
-    self.writer.write(step, results)
+    if results:
+      self.writer.write(step, results)
     return results
 
 
@@ -254,7 +266,10 @@ def format_summary(summary: dict[str, Any]) -> str:
   and the next commands."""
   step = summary['step']
   lines = []
-  if summary.get('preempted'):
+  if summary.get('interrupted'):
+    lines.append(f'Interrupted (Ctrl-C) at step {step}, checkpoint saved; '
+                 'resume with the same command.')
+  elif summary.get('preempted'):
     lines.append(f'Stopped by SIGTERM at step {step}; resume with the same '
                  'command.')
   else:

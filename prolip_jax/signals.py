@@ -1,0 +1,44 @@
+"""SIGTERM and Ctrl-C that arrive while ``prolip_jax.main`` starts, before
+the run's ``progress.StopFlag`` exists.
+
+Python's own Ctrl-C is a ``KeyboardInterrupt`` raised wherever the main
+thread is. While JAX is imported that can be inside a garbage-collector
+callback, which swallows it ("Exception ignored in _xla_gc_callback") and
+the run then trains to the end as if nothing happened (measured). So
+``record_early`` (called first thing by ``prolip_jax.main``, before the
+heavy imports) installs handlers that only remember the signal;
+``StopFlag`` takes it over and stops before the first step. Standard
+library only: importing this must be instant.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_early = {'stop': False, 'interrupted': False}
+
+
+def _remember(signum, frame):
+  del frame
+  if signum == signal.SIGINT and _early['interrupted']:  # a second Ctrl-C
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise KeyboardInterrupt('interrupted (Ctrl-C twice) while starting')
+  _early['stop'] = True
+  if signum == signal.SIGINT:
+    _early['interrupted'] = True
+    os.write(2, b'Ctrl-C: stopping once start-up is done (Ctrl-C again to '
+             b'leave at once)\n')
+
+
+def record_early():
+  """Remembers SIGTERM and the first Ctrl-C from now until a ``StopFlag``
+  takes them over (main thread only)."""
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, _remember)
+
+
+def early() -> tuple[bool, bool]:
+  """``(stop, interrupted)``: a SIGTERM or Ctrl-C came before the run's
+  ``StopFlag`` existed (``interrupted``: one was a Ctrl-C)."""
+  return _early['stop'], _early['interrupted']
