@@ -194,6 +194,11 @@ def compile_step(config, target: Target, per_device_batch: int
       'params': _param_report(state.params, shardings.params,
                               config.mesh.get('fsdp_min_size_mb',
                                               shd.FSDP_MIN_SIZE_MB))}
+  _status(f'Compiling the train step for {target.name} '
+          f'({len(target.devices)} x {target.chip.name}), {per_device_batch} '
+          f'pairs per device, remat {bool(config.model.remat)}, scan '
+          f'{bool(config.model.get("scan", False))} (a real-size model takes '
+          'minutes on a CPU)')
   t0 = time.time()
   try:
     compiled = step.lower(state, batch, rng).compile()
@@ -263,6 +268,8 @@ def compile_loss(config, target: Target, per_device_batch: int,
                          whole_topology=True)
     config.batch_size = per_device_batch * shd.num_batch_shards(mesh)
     train.validate_config(config)
+    objectives.get(config.objective).validate_batch(
+        config, shd.num_batch_shards(mesh))  # one line, not a traceback
     model, mask_id = _model(config, mesh.devices.flat)
   objective = objectives.get(config.objective)
   b = config.batch_size
@@ -313,6 +320,8 @@ def compile_loss(config, target: Target, per_device_batch: int,
   scalar = jax.ShapeDtypeStruct((), jax.numpy.float32,
                                 sharding=shd.replicated(mesh))
   t0 = time.time()
+  _status(f'Compiling the {form} loss alone for {target.name}, global batch '
+          f'{b} (seconds)')
   compiled = jax.jit(value_and_grad).lower(emb, scalar, scalar).compile()
   colls = aot_report.collectives(compiled.as_text())
   return {'form': form, 'global_batch': b, 'memory': _memory(compiled),
@@ -395,6 +404,32 @@ def _define_flags():
                     'gathered dense (seconds, not minutes).')
 
 
+# The flags --help lists, in this order (with main's --config ones).
+_FLAGS = ('topology', 'per_device_batch', 'find_max_batch', 'batch_step',
+          'loss_memory', 'loss_only')
+
+
+def usage() -> str:
+  """What ``--help`` prints: the module's text and one line per flag (its
+  help and default)."""
+  _define_flags()
+  lines = [__doc__.strip(), '', 'Flags:',
+           '  --config=FILE  a run config (default configs/prolip_tiny.py)',
+           '  --config.KEY=VALUE  override one config value (python -m '
+           'prolip_jax.main --print_config lists them)']
+  for name in _FLAGS:
+    flag = flags.FLAGS[name]
+    shown = f'--[no]{name}' if flag.boolean else f'--{name}=VALUE'
+    lines.append(f'  {shown}  {flag.help} (default: {flag.default})')
+  return '\n'.join(lines)
+
+
+def _status(text: str):
+  """A line on stderr before a slow phase (stdout keeps the table and the
+  JSON line)."""
+  print(text, file=sys.stderr, flush=True)
+
+
 def _default_per_device_batch(config, target: Target) -> int:
   from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   with errors.config_errors():
@@ -412,8 +447,8 @@ def run(argv: list[str]) -> int:
   """The command line ``argv`` (program name first); returns the exit
   status."""
   from prolip_jax import main as cli  # pylint: disable=g-import-not-at-top
-  if any(a in ('--help', '-h', '--helpfull') for a in argv[1:]):
-    print(__doc__)
+  if any(a in ('--help', '-h', '--helpfull', '-help') for a in argv[1:]):
+    print(usage())
     return 0
 
   def body():

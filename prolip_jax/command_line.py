@@ -1,11 +1,14 @@
 """What every command line of the package shares before it runs: the config
-file an argv names, and the CPU asked for directly on a machine without
+file an argv names, its overrides checked against the config's keys, stray
+arguments refused, and the CPU asked for directly on a machine without
 accelerators (so the TPU runtime prints no warnings about a missing TPU)."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
+
+from prolip_jax import errors
 
 
 def config_path(argv: Sequence[str], default: Optional[str]) -> Optional[str]:
@@ -18,6 +21,34 @@ def config_path(argv: Sequence[str], default: Optional[str]) -> Optional[str]:
     elif arg == '--config' and i + 1 < len(argv):
       path = argv[i + 1]
   return path
+
+
+def check_overrides(argv: Sequence[str], keys: Iterable[str], where: str):
+  """Raises ``errors.UserError`` for a ``--config.KEY=...`` of ``argv`` whose
+  key is not one of ``keys`` (the config's dotted keys) nor a prefix of
+  one: one line with the nearest key, before absl's parser would report it
+  (a multi-line message with escaped quotes)."""
+  keys = list(keys)
+  for arg in argv[1:]:
+    if not arg.startswith('--config.'):
+      continue
+    key = arg[len('--config.'):].split('=', 1)[0]
+    if key not in keys and not any(k.startswith(key + '.') for k in keys):
+      raise errors.UserError(f'unknown config key {key!r}'
+                             f'{errors.nearest(key, keys)}; {where}')
+
+
+def refuse_positional(rest: Sequence[str]):
+  """Raises ``errors.UserError`` for arguments absl left unparsed (``rest``
+  without the program name): a config path without ``--config`` would
+  otherwise be ignored and the default config run."""
+  if not rest:
+    return
+  first = rest[0]
+  hint = (f'; a config file goes as --config={first}'
+          if first.endswith('.py') else '')
+  raise errors.UserError(f'unexpected argument{"s" if len(rest) > 1 else ""} '
+                         f'{" ".join(rest)}{hint}')
 
 
 def cpu_only_without_accelerators():

@@ -89,18 +89,13 @@ def _parse(argv: list[str]):
   except Exception as e:  # the user's file: report it, don't trace us
     raise errors.UserError(f'config file {path!r} failed to load: '
                            f'{type(e).__name__}: {e}') from e
-  for arg in argv[1:]:
-    if arg.startswith('--config.'):
-      key = arg[len('--config.'):].split('=', 1)[0]
-      if key not in keys and not any(k.startswith(key + '.') for k in keys):
-        raise errors.UserError(
-            f'unknown config key {key!r}{errors.nearest(key, keys)}; '
-            '--print_config lists them')
+  command_line.check_overrides(argv, keys, '--print_config lists them')
   try:
     _define_flags(argv)
-    flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
     raise errors.UserError(str(e)) from e
+  command_line.refuse_positional(rest[1:])
   return flags.FLAGS.config
 
 

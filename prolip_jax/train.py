@@ -622,7 +622,8 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
     # a stop cut short here leaves them missing for the next run.
     heldout, names = _missing_evaluations(config, workdir, evaluations, step,
                                           final=True)
-    eval_results = evaluations.heldout(state, step, write=heldout)
+    eval_results = evaluations.heldout(state, step, write=heldout,
+                                       announce=False)  # in the summary
     if names:
       evals_results = evaluations.configured(state, step, True, names)
   writer.close()

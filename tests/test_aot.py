@@ -10,11 +10,13 @@ and need no libtpu.
 """
 
 import importlib.util
+import json
 import math
 import os
 
 import jax
 import numpy as np
+from absl import flags
 import pytest
 
 from prolip_jax import aot
@@ -153,6 +155,36 @@ def test_topology_names():
   for bad in ('v9:2x2', 'v5e:2x2x2', 'v5p-48', 'h100:12', 'tpu'):
     with pytest.raises(aot_targets.TopologyError, match='known'):
       aot_targets.parse_topology(bad)
+
+
+def test_help_lists_every_flag_with_its_default(capsys):
+  assert aot.run(['aot', '--help']) == 0
+  out = capsys.readouterr().out
+  for name in aot._FLAGS:  # pylint: disable=protected-access
+    flag = flags.FLAGS[name]
+    shown = f'--[no]{name}' if flag.boolean else f'--{name}=VALUE'
+    assert f'{shown}  {flag.help} (default: {flag.default})' in out, name
+
+
+@needs_libtpu
+def test_each_compile_is_announced_on_stderr(capfd):
+  """A line before each compile (minutes for a real model), on stderr: the
+  table and the JSON line stay alone on stdout."""
+  # A batch the objective cannot split is one line, not a traceback.
+  assert aot.run(['aot', '--config', 'configs/prolip_micro.py',
+                  '--topology', 'v5p:2x2x1', '--loss_only']) == 2
+  err = capfd.readouterr().err
+  assert err.startswith('error: batch_size 16 gives a per-device batch of 4'
+                        ) and len(err.strip().splitlines()) == 1, err
+  assert aot.run(['aot', '--config', 'configs/prolip_micro.py',
+                  '--topology', 'v5p:2x2x1', '--loss_only',
+                  '--per_device_batch=8']) == 0
+  captured = capfd.readouterr()
+  assert [l for l in captured.err.splitlines() if l.startswith(
+      'Compiling')] == [
+          f'Compiling the {form} loss alone for v5p:2x2x1, global batch 32 '
+          '(seconds)' for form in ('ring', 'gathered')], captured.err
+  assert json.loads(captured.out.strip().splitlines()[-1])
 
 
 def test_unknown_topology_is_one_line_error(capsys):

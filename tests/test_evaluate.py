@@ -1,10 +1,12 @@
 """Evaluation metrics vs brute force, and the eval command end to end."""
 
+import ast
 import functools
 import importlib.util
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -212,6 +214,35 @@ def test_evaluate_flag_errors_are_one_line(args, message):
   from prolip_jax import errors  # pylint: disable=g-import-not-at-top
   with pytest.raises(errors.UserError, match=message.replace('(', r'\(')):
     eval_cli.parse(['evaluate'] + args)
+
+
+def test_evaluate_misspelt_key_is_one_clean_line_with_the_nearest(capsys):
+  status = eval_cli.run(['evaluate', '--workdir=w', f'--config={DIGITS}',
+                         '--config.data.per_clas=20'])
+  assert status == 2
+  err = capsys.readouterr().err
+  assert err == (f"error: unknown config key 'data.per_clas' (did you mean "
+                 f"'data.per_class'?); {DIGITS} lists the keys\n"), err
+
+
+@pytest.mark.parametrize('example', eval_cli.EXAMPLES)
+def test_the_help_examples_parse_as_written(example):
+  """Each override example of --help, pasted after --workdir, parses and
+  sets what it says."""
+  args = shlex.split(example)
+  fv = eval_cli.parse(['evaluate', '--workdir=w', *args])
+  key, value = args[-1][len('--config.'):].split('=', 1)
+  node = fv.config
+  for part in key.split('.'):
+    node = node[part]
+  assert str(node) == value or node == ast.literal_eval(value), (key, node)
+
+
+def test_a_stray_argument_is_refused():
+  from prolip_jax import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.UserError,
+                     match='a config file goes as --config=configs/x.py'):
+    eval_cli.parse(['evaluate', '--workdir=w', 'configs/x.py'])
 
 
 def test_evaluate_parses_overrides():

@@ -50,6 +50,10 @@ def _run(*args):
     (['--config.batch_size=abc'], 'config.batch_size=abc'),
     (['--config.total_steps=0'], 'total_steps must be an integer >= 1 '
                                  '(got 0)'),
+    # A config path without --config would train the default demo.
+    (['configs/siglip_tiny.py'], 'unexpected argument configs/siglip_tiny.py;'
+                                 ' a config file goes as '
+                                 '--config=configs/siglip_tiny.py'),
 ])
 def test_user_errors_are_one_line_with_status_2(tmp_path, args, expected):
   code, out, err = _run(f'--config={MICRO}', *args,

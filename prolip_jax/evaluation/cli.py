@@ -29,10 +29,21 @@ from absl import logging
 from ml_collections import config_flags
 
 from prolip_jax import command_line
+from prolip_jax import config_help
 from prolip_jax import errors
 
 # No config file: the checkpoint's own evaluators (runner.checkpoint_evals).
 DEFAULT_CONFIG = None
+
+# The override examples of --help, each a working set of flags (tested).
+EXAMPLES = (
+    '--config configs/eval/digits.py --config.data.per_class=20',
+    '--config configs/eval/digits.py "--config.suites=(\'zero_shot\', '
+    '\'retrieval\')"',
+    '--config configs/eval/imagenet_folder.py '
+    '--config.evals.imagenet.data=folder:/data/imagenet/val',
+    '--config configs/eval/benchmarks.py --config.tfds_data_dir=/data/tfds',
+)
 
 USAGE = """\
 Usage: python -m prolip_jax.evaluate --workdir DIR [--config FILE]
@@ -50,14 +61,12 @@ dimension and as a trace).
 Eval configs: configs/eval/digits.py, configs/eval/emoji.py (the bundled
 reports), configs/eval/benchmarks.py (ImageNet, ImageNet-v2, COCO 5k from
 prepared TFDS data), configs/eval/imagenet_folder.py (a folder of synset
-folders). Overrides: any value of the config file, e.g.
-  --config.data.per_class=20             digits: 20 images per class
-  "--config.suites=('zero_shot', 'retrieval')"
-  --config.evals.imagenet.data=folder:/data/imagenet/val
-  --config.tfds_data_dir=/data/tfds
+folders). Overrides: any value of the --config file, e.g. (each after
+--workdir DIR):
+{examples}
 (docs/evaluation.md documents them).
 
-Flags:"""
+Flags:""".format(examples='\n'.join('  ' + e for e in EXAMPLES))
 
 
 def define_flags(argv: Optional[Sequence[str]] = None) -> flags.FlagValues:
@@ -108,10 +117,12 @@ def parse(argv: Sequence[str]) -> flags.FlagValues:
     raise errors.UserError(f'config file {path!r} not found')
   if path is not None:
     try:
-      runpy.run_path(path)['get_config']()
+      config = runpy.run_path(path)['get_config']()
     except Exception as e:  # the user's file: report it, don't trace us
       raise errors.UserError(f'config file {path!r} failed to load: '
                              f'{type(e).__name__}: {e}') from e
+    command_line.check_overrides(argv, config_help.flatten(config),
+                                 f'{path} lists the keys')
   try:
     fv = define_flags(argv)  # reads the --config.KEY overrides
     rest = fv(list(argv))
@@ -123,8 +134,7 @@ def parse(argv: Sequence[str]) -> flags.FlagValues:
     raise errors.UserError(f'unknown config key {key!r} in '
                            f'{[a for a in argv if a.startswith("--config.")]}'
                            f'; {path} lists the keys') from e
-  if len(rest) > 1:
-    raise errors.UserError(f'unexpected arguments {rest[1:]}')
+  command_line.refuse_positional(rest[1:])
   if not fv.workdir:
     raise errors.UserError('--workdir is required (a training workdir or an '
                            'export directory); --help lists the flags')
