@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from absl import logging
 import jax
@@ -23,20 +23,29 @@ from prolip_jax import step_timing
 from prolip_jax.workdir import Workdir
 
 
-def _rows_up_to(data: bytes, step: int) -> tuple[list[str], int, int]:
-  """``(lines to keep, rows dropped beyond step, partial lines dropped)``
-  of a ``metrics.jsonl``'s bytes."""
-  kept, beyond, partial = [], 0, 0
+def _rows(data: bytes) -> Iterator[tuple[bytes, Optional[dict]]]:
+  """``(line, row)`` for each non-blank line of a ``metrics.jsonl``'s bytes;
+  ``row`` is None for a line cut short by a kill (no JSON object with an
+  integer ``step``)."""
   for raw in data.split(b'\n'):
     if not raw.strip():
       continue
     try:
       row = json.loads(raw)
-      row_step = int(row['step'])
+      row['step'] = int(row['step'])
     except (ValueError, TypeError, KeyError):  # cut by a kill mid-line
+      row = None
+    yield raw, row
+
+
+def _rows_up_to(data: bytes, step: int) -> tuple[list[str], int, int]:
+  """``(lines to keep, rows dropped beyond step, partial lines dropped)``
+  of a ``metrics.jsonl``'s bytes."""
+  kept, beyond, partial = [], 0, 0
+  for raw, row in _rows(data):
+    if row is None:
       partial += 1
-      continue
-    if row_step > step:
+    elif row['step'] > step:
       beyond += 1
     else:
       kept.append(raw.decode('utf-8'))
@@ -71,15 +80,9 @@ def logged_keys(path, step: int) -> set[str]:
   path = paths.as_path(path)
   if not path.exists():
     return set()
-  found: set[str] = set()
-  for raw in path.read_bytes().split(b'\n'):
-    try:
-      row = json.loads(raw)
-      if int(row['step']) == step:
-        found.update(k for k in row if k != 'step')
-    except (ValueError, TypeError, KeyError):  # blank, or cut by a kill
-      continue
-  return found
+  return {k for _, row in _rows(path.read_bytes())
+          if row is not None and row['step'] == step for k in row
+          if k != 'step'}
 
 
 class MetricWriter:
@@ -234,16 +237,17 @@ class StopFlag:
       os.write(2, b'Ctrl-C: stopping at the next step boundary with a '
                b'checkpoint (Ctrl-C again to leave at once, without one)\n')
 
-  def check(self, phase: str, resumed: bool):
+  def check(self, phase: str, resumed: Callable[[], bool]):
     """Ends a run stopped before its first step, after ``phase`` (e.g. 'the
-    tokenizer'): nothing new is trained, so nothing is saved. ``resumed``:
-    the workdir holds a checkpoint the next run resumes from."""
+    tokenizer'): nothing new is trained, so nothing is saved. ``resumed()``:
+    the workdir holds a checkpoint the next run resumes from (asked only
+    when stopping: on a bucket it lists objects)."""
     if not self.stop or self.synced:  # (several: the loop's common stop)
       return
     what = 'Ctrl-C' if self.interrupted else 'SIGTERM'
     text = (f'stopped by {what} after {phase}, before any new step: nothing '
             'new to save; run the same command to '
-            + ('resume' if resumed else 'start again'))
+            + ('resume' if resumed() else 'start again'))
     raise KeyboardInterrupt(text) if self.interrupted else errors.Preempted(
         text)
 

@@ -315,7 +315,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   # a one-line exit between set-up phases before it (progress.StopFlag).
   stopper = progress.StopFlag()
   try:
-    stopper.check('start-up', resumed=workdir.has_checkpoints())
+    stopper.check('start-up', resumed=workdir.has_checkpoints)
     workdir.create()
     lock = WorkdirLock(workdir)
     failure = None
@@ -452,9 +452,7 @@ def _missing_evaluations(config, workdir: Workdir, evaluations, step: int,
   all run them (they are collectives)."""
   logged = progress.logged_keys(workdir.metrics, step) if (
       jax.process_index() == 0) else set()
-  every = config.eval.every_steps
-  heldout = (config.data.name in train_time.HELDOUT
-             and (final or (every and step % every == 0))
+  heldout = (evaluations.heldout_due(step, final)
              and not any(k.startswith('eval/') for k in logged))
   due = evaluations.due(step, final)
   missing = [not any(k.startswith(name + '/') for k in logged)
@@ -477,7 +475,7 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
   with errors.config_errors():
     run = _build(config, workdir, objective)
   stopper.check('the tokenizer and the data pipeline',
-                resumed=workdir.has_checkpoints())
+                resumed=workdir.has_checkpoints)
   mesh, model, tokenizer, evals = run.mesh, run.model, run.tokenizer, run.evals
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
@@ -486,7 +484,7 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
       mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
       run.state_shardings, objective.uses_teacher)
   stopper.check(f'restoring step {start}' if start else 'initialising',
-                resumed=start > 0)
+                resumed=lambda: start > 0)
   train_step = jit_train_step(model, config, run.tx, run.schedule, mesh,
                               tokenizer.mask_id, run.state_shardings)
 
@@ -590,8 +588,8 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
           report.excluded(save, step)
       # A stop leaves the step's evaluations to the resumed run (missing
       # from metrics.jsonl at the step it restarts from).
-      if (config.eval.every_steps and step % config.eval.every_steps == 0
-          and step != end and not stopper.stop):
+      if (evaluations.heldout_due(step, final=False) and step != end
+          and not stopper.stop):
         report.excluded(evaluations.heldout, state, step)
       if step != end:
         report.excluded(evaluations.configured, state, step, False, None,
@@ -611,7 +609,7 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
   mngr.wait_until_finished()
   mngr.close()
   if step == start < end:  # stopped before its first step: nothing new
-    stopper.check('compiling', resumed=start > 0)
+    stopper.check('compiling', resumed=lambda: start > 0)
   stopped_at = stopper.stop  # stopped before the end: no final evaluation
   eval_results: dict[str, float] = {}
   evals_results: dict[str, float] = {}

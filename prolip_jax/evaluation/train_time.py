@@ -208,6 +208,14 @@ class LoopEvaluations:
                       self.is_chief)
     return results
 
+  def heldout_due(self, step: int, final: bool) -> bool:
+    """Whether the held-out evaluation runs at ``step`` (``final``: the
+    last): on the bundled data sets, every ``eval.every_steps`` steps and
+    at the end."""
+    every = self.config.eval.every_steps
+    return self.config.data.name in HELDOUT and (
+        final or bool(every and step % every == 0))
+
   def due(self, step: int, final: bool) -> list[str]:
     """The names of the ``config.evals`` due at ``step``."""
     return [e.name for e in self.evals if e.due(step, final)]
