@@ -39,6 +39,7 @@ import socket
 import sys
 import threading
 import traceback
+import warnings
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 EXIT_BUG = 1
@@ -342,6 +343,9 @@ def _quiet_exit(noisy: list[logging.Logger]):
   ('Event loop is closed', a failed pending write) log and raise again
   while Python shuts down, each with its traceback."""
   sys.unraisablehook = lambda unraisable: None
+  # Their coroutines collected unawaited at exit warn too ('sys:1: ...').
+  warnings.filterwarnings('ignore', message='coroutine .* was never awaited',
+                          category=RuntimeWarning)
   for logger in noisy:
     logger.addFilter(_drop_all)
   threading.excepthook = lambda args: None
