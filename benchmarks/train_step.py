@@ -23,6 +23,7 @@ import jax
 from ml_collections import config_flags
 import numpy as np
 
+from prolip_jax import aot
 from prolip_jax import aot_report
 from prolip_jax import sharding as shd
 from prolip_jax import optimizer
@@ -49,8 +50,20 @@ def device_peak_tflops(device) -> float:
   return chip.peak_bf16_flops / 1e12 if chip else 0.0
 
 
-def measure(config, verbose: bool = True) -> dict:
-  """Compiles and times the train step of ``config``; returns the figures."""
+def measure(config, verbose: bool = True, steps: int | None = None,
+            warmup: int | None = None) -> dict:
+  """Compiles and times the train step of ``config``; returns the figures.
+
+  ``steps`` / ``warmup``: timed and untimed steps (default: the flags).
+  Besides the timing, the result holds XLA's memory estimate of the
+  compiled step (``xla_memory_bytes``, what ``prolip_jax.aot`` reports),
+  the device's real peak (``peak_bytes``, from ``Device.memory_stats``;
+  None where the backend keeps none, as on the CPU), XLA's cost-model MFU
+  (``xla_estimated_mfu``, the figure ``aot`` prints) and the number of cuDNN
+  fused-attention calls in the compiled step.
+  """
+  steps = flags.FLAGS.steps if steps is None else steps
+  warmup = flags.FLAGS.warmup if warmup is None else warmup
   mesh = shd.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
   model = ProLIP(model_cfg, attention=attention_impl_for(
@@ -86,14 +99,16 @@ def measure(config, verbose: bool = True) -> dict:
   analytic_step = b * aot_report.run_flops_per_pair(
       config, model_cfg.to_dict())['train']
 
-  for _ in range(flags.FLAGS.warmup):
+  memory = aot._memory(compiled)  # pylint: disable=protected-access
+  cudnn_calls = compiled.as_text().count('__cudnn$fmha')
+  for _ in range(warmup):
     state, metrics = compiled(state, batch, step_rng)
   jax.block_until_ready(metrics)
   t0 = time.time()
-  for _ in range(flags.FLAGS.steps):
+  for _ in range(steps):
     state, metrics = compiled(state, batch, step_rng)
   jax.block_until_ready(metrics)
-  step_s = (time.time() - t0) / flags.FLAGS.steps
+  step_s = (time.time() - t0) / steps
 
   dev = jax.devices()[0]
   peak = flags.FLAGS.peak_tflops or device_peak_tflops(dev)
@@ -120,8 +135,20 @@ def measure(config, verbose: bool = True) -> dict:
       print(f'model TFLOP/s per device {achieved:.3f}; no peak known for '
             f'{dev.device_kind!r} (pass --peak_tflops for MFU)')
     print(f"final loss {float(metrics['loss']):.4f}")
-  return {'batch': b, 'remat': model_cfg.remat, 'step_ms': step_s * 1e3,
-          'samples_per_s': b / step_s, 'tflops': achieved, 'mfu': mfu}
+  stats = dev.memory_stats() or {}
+  optimal_s = float((cost or {}).get('optimal_seconds', 0.0))
+  estimated_mfu = (100 * analytic_step / n / optimal_s / (peak * 1e12)
+                   if optimal_s > 0 and peak and not model_cfg.scan
+                   else None)  # a scanned stack's cost counts one layer
+  return {'batch': b, 'remat': model_cfg.remat,
+          'remat_policy': model_cfg.remat_policy, 'scan': model_cfg.scan,
+          'compile_s': compile_s, 'step_ms': step_s * 1e3,
+          'samples_per_s': b / step_s, 'tflops': achieved, 'mfu': mfu,
+          'xla_memory_bytes': memory['total'] if memory else None,
+          'peak_bytes': stats.get('peak_bytes_in_use'),
+          'bytes_limit': stats.get('bytes_limit'),
+          'xla_estimated_mfu': estimated_mfu, 'cudnn_attention_calls':
+          cudnn_calls, 'final_loss': float(metrics['loss'])}
 
 
 def main(argv):

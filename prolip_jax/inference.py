@@ -108,6 +108,9 @@ class LoadedModel:
     # crop, as open_clip): pipeline.eval_images.
     self.image_order = image_decode.check_order(image_order)
     self.run_config = run_config or {}
+    # What the model was loaded from ('prolip_emoji, step 1500'; set by
+    # load / load_snapshot): evaluation figures carry it.
+    self.source: Optional[str] = None
     self._module = ProLIP(model_config,
                           attention=_attention_here(model_config))
     enc_img, enc_txt = self.encoders_of(params)
@@ -235,7 +238,13 @@ def load(path: str, step: Optional[int] = None,
                       image_view=data.get('eval_view', 'default'),
                       image_order=data.get('eval_image_order', 'rgb_first'))
   require_finite_outputs(model, owner)
+  model.source = f'{_last_part(path)}, step {meta.get("step")}'
   return model
+
+
+def _last_part(path) -> str:
+  """The last component of a local path or a gs:// / s3:// URL."""
+  return str(path).rstrip('/').rsplit('/', 1)[-1]
 
 
 def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
@@ -273,6 +282,8 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
                       batch_size=batch_size, image_view=s.image_view,
                       image_order=s.image_order)
   require_finite_outputs(model, f'the snapshot {path}')
+  model.source = (path_or_repo if hub.is_hub_id(path_or_repo)
+                  else _last_part(path_or_repo))
   return model
 
 

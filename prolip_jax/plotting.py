@@ -156,9 +156,29 @@ def log_axis(ax, which: str = 'y', min_labels: int = 4) -> None:
   axis.set_minor_formatter(ticker.NullFormatter())
 
 
-def save(fig, path: str, dpi: int = DPI) -> str:
-  """Writes ``fig`` as a PNG at ``dpi`` and closes it; returns the path."""
+def mark_log_axes(fig) -> None:
+  """Appends ' (log scale)' to the label of every log-scaled axis of
+  ``fig`` that does not say so already."""
+  for ax in fig.axes:
+    for axis, scale in ((ax.xaxis, ax.get_xscale()),
+                        (ax.yaxis, ax.get_yscale())):
+      label = axis.get_label_text()
+      if scale == 'log' and label and 'log' not in label.lower():
+        axis.set_label_text(f'{label} (log scale)')
+
+
+def save(fig, path: str, dpi: int = DPI, source: str | None = None) -> str:
+  """Writes ``fig`` as a PNG at ``dpi`` and closes it; returns the path.
+
+  Log axes are marked as such (``mark_log_axes``); ``source`` (the run and
+  step, e.g. ``prolip_emoji, step 1500``) is printed small in the bottom
+  right corner, so a figure that travels alone still says what it shows.
+  """
   plt = pyplot()
+  mark_log_axes(fig)
+  if source:
+    fig.text(0.995, 0.005, source, ha='right', va='bottom',
+             fontsize=SMALLEST_FONT_PT, color='0.35')
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=dpi, format='png')
   plt.close(fig)

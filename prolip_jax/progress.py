@@ -20,6 +20,7 @@ from prolip_jax import errors
 from prolip_jax import paths
 from prolip_jax import signals
 from prolip_jax import step_timing
+from prolip_jax.evaluation.report import number
 from prolip_jax.workdir import Workdir
 
 
@@ -347,13 +348,14 @@ def progress_line(step: int, total: int, m: dict[str, float], eta: float,
   row has them: ``step_timing.progress_text``)."""
   extra = ''
   if 'sigma2_img' in m:
-    extra = f" s2_img {m['sigma2_img']:.2e} s2_txt {m['sigma2_txt']:.2e}"
+    extra = (f" s2_img {number(m['sigma2_img'])} s2_txt "
+             f"{number(m['sigma2_txt'])}")
   if m.get('guard_dropped'):
     extra += f" ({int(m['guard_dropped'])} term(s) dropped by the guard)"
   if m.get('nonfinite_steps'):
     extra += f" skipped {int(m['nonfinite_steps'])} non-finite step(s)"
   return (f"[{step}/{total}] loss {m['loss']:.4f} a {m['scale']:.2f} "
-          f"b {m['bias']:.2f}{extra} lr {m['lr']:.2e} "
+          f"b {m['bias']:.2f}{extra} lr {number(m['lr'])} "
           f"{m['samples_per_sec']:.0f} samples/s"
           f'{step_timing.progress_text(m)}, ETA {fmt_time(eta)} '
           f'(elapsed {fmt_time(elapsed)})')

@@ -30,6 +30,7 @@ import numpy as np
 
 from prolip_jax import errors
 from prolip_jax import plotting
+from prolip_jax.evaluation.report import number
 from prolip_jax.losses import inclusion_hypothesis
 
 
@@ -409,7 +410,7 @@ def fig_extreme_images(images, sig2, most, least):
       if col < len(idx):
         img = np.asarray(images[idx[col]])
         ax.imshow(img, cmap='gray' if img.ndim == 2 else None)
-        ax.set_title(f'{sig2[idx[col]]:.3g}',
+        ax.set_title(number(sig2[idx[col]]),
                      fontsize=plotting.SMALLEST_FONT_PT)
       if col == 0:
         ax.set_ylabel(f'{label}\nuncertain')

@@ -164,7 +164,7 @@ def test_format_table_in_trainings_units():
       ('retrieval', 'retrieval image -> text R@1/5/10, CSD'):
           '40.0% / 81.2% / 100.0%',
       ('retrieval', 'retrieval text -> image R@1/5, cosine'): '25.0% / 50.0%',
-      ('uncertainty', 'mean sigma^2 per dimension, images'): '0.00258',
+      ('uncertainty', 'mean sigma^2 per dimension, images'): '2.58e-3',
       ('uncertainty', 'mean sigma^2 = tr(Sigma) (trace), images'): '0.165',
       ('uncertainty', 'caption sigma^2 > its image sigma^2'): '99.6%',
       ('uncertainty', 'Spearman(level, sigma^2)'): '-0.60',
@@ -174,7 +174,7 @@ def test_format_table_in_trainings_units():
       ('traversal', 'empty-caption [ROOT] R@1'): '10.0%',
       ('filtering', 'AUC, original vs shuffled pairs'): '0.971',
       ('filtering', 'pairs scored'): '1,000',
-      ('other', 'new_metric'): '0.0001',  # no rule: its key, a number
+      ('other', 'new_metric'): '1.00e-4',  # no rule: its key, a number
   }
   assert 'fractions' in lines[-1]
   # The row order follows the metrics (recalls at their first R@k).

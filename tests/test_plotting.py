@@ -150,3 +150,43 @@ def test_every_figure_is_readable_at_its_saved_size():
         area = ax.get_window_extent(renderer)
         assert not box.shrunk(0.98, 0.9).overlaps(area), (name, t.get_text())
     plotting.pyplot().close(fig)
+
+
+def test_saved_figures_mark_log_axes_and_name_their_source(tmp_path):
+  plt = plotting.pyplot()
+  fig, (a, b) = plt.subplots(1, 2)
+  a.plot([1, 2, 3], [1e-4, 1e-3, 1e-2])
+  plotting.log_axis(a, 'y')
+  a.set_ylabel('sigma^2')  # set after the scale, as the figures do
+  a.set_xlabel('step')
+  b.plot([1, 2], [3, 4])
+  b.set_ylabel('count')
+  path = plotting.save(fig, str(tmp_path / 'f.png'),
+                       source='prolip_emoji, step 1500')
+  assert (tmp_path / 'f.png').stat().st_size > 0 and path.endswith('f.png')
+  assert a.get_ylabel() == 'sigma^2 (log scale)'
+  assert a.get_xlabel() == 'step' and b.get_ylabel() == 'count'
+  assert [t.get_text() for t in fig.texts] == ['prolip_emoji, step 1500']
+
+
+@pytest.mark.parametrize('x', [2.58e-3, 3.7e-4, 1e-3, 0.731, 42.1, 9.999e-3,
+                               0.01, -2.5e-5, 12345.6, 7.0e-11])
+def test_one_number_format_keeps_three_significant_digits(x):
+  from prolip_jax.evaluation.report import number
+  text = number(x)
+  # Reads back as the value to three significant digits, and small values
+  # are scientific with an unpadded exponent (2.58e-3, never 0.00258 or
+  # 2.58e-03).
+  assert float(text) == pytest.approx(float(f'{x:.3g}'), rel=1e-12)
+  if abs(x) < 0.01:
+    mantissa, exponent = text.split('e')
+    assert len(mantissa.lstrip('-').replace('.', '')) == 3
+    assert not exponent.lstrip('-').startswith('0')
+  else:
+    assert 'e' not in text or abs(x) >= 1e4
+
+
+def test_one_number_format_passes_a_skipped_steps_values_through():
+  from prolip_jax.evaluation.report import number
+  assert [number(x) for x in (float('nan'), float('inf'), -float('inf'),
+                              None)] == ['nan', 'inf', '-inf', 'n/a']

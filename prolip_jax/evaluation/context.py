@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from prolip_jax import uncertainty
+from prolip_jax import plotting
 from prolip_jax.evaluation.data import EvalData
 from prolip_jax.evaluation.embedder import Embedder
 from prolip_jax.evaluation.metrics import scoring_metrics
@@ -44,7 +44,8 @@ class Context:
     if expected_axes is not None and len(fig.axes) != expected_axes:
       raise AssertionError(f'{name}: {len(fig.axes)} axes, expected '
                            f'{expected_axes}')
-    return uncertainty.save_figure(fig, os.path.join(self.out_dir, name))
+    return plotting.save(fig, os.path.join(self.out_dir, name),
+                         source=getattr(self.model, 'source', None))
 
 
 def metrics_for(ctx: Context, cfg) -> list[str]:

@@ -31,15 +31,31 @@ def _num(x: Any) -> str:
     return f'{x:,}'
   if x is None or x != x:  # NaN: an empty population
     return 'n/a'
-  return f'{x:.4g}'
+  return number(x)
 
 
 def _signed(x: float) -> str:
   return 'n/a' if x is None or x != x else f'{x:+.2f}'
 
 
+def number(x: Any, digits: int = 3) -> str:
+  """The one text format of a measured value that can be small (sigma^2, a
+  learning rate, a loss term), in tables, progress lines and figures:
+  ``digits`` significant digits, plain from 0.01 up (``0.731``, ``42.1``),
+  scientific below as ``2.58e-3`` (no padded exponent); 'n/a' for None,
+  'nan' / 'inf' for those (a skipped step's figures)."""
+  if x is None:
+    return 'n/a'
+  if x != x or abs(x) == float('inf'):
+    return str(float(x))
+  if x == 0 or 1e-2 <= abs(x) < 1e4:
+    return f'{x:.{digits}g}'
+  mantissa, exponent = f'{x:.{digits - 1}e}'.split('e')
+  return f'{mantissa}e{int(exponent)}'
+
+
 def _sigma2(x: float) -> str:
-  return f'{x:.3g}'
+  return number(x)
 
 
 def _view_name(key: str) -> str:

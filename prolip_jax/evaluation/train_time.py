@@ -34,6 +34,7 @@ from prolip_jax.evaluation.data import digits_data
 from prolip_jax.evaluation.data import emoji_data
 from prolip_jax.evaluation.metrics import retrieval_recall
 from prolip_jax.evaluation.metrics import zero_shot_report
+from prolip_jax.evaluation.report import number
 from prolip_jax.losses import csd
 from prolip_jax.losses import pcclip
 from prolip_jax.workdir import Workdir
@@ -276,7 +277,7 @@ def heldout_line(dataset: str, step: int, results: dict[str, float]) -> str:
   for key, label in _HELDOUT_LINE:
     if key in results:
       value = results[key]
-      parts.append(f'{label} {value:.3g}' if key.startswith('sigma2')
+      parts.append(f'{label} {number(value)}' if key.startswith('sigma2')
                    else f'{label} {_pct(value)}')
   return f'Held-out {dataset} at step {step}: ' + ', '.join(parts)
 
@@ -289,7 +290,7 @@ def evaluator_line(name: str, metrics: dict[str, float]) -> str:
   for k in keys[:6]:
     v = metrics[k]
     shown = _pct(v) if ('top' in k or 'R@' in k or 'more_uncertain' in k) \
-        else f'{v:.3g}'
+        else number(v)
     parts.append(f'{k} {shown}')
   return f'{name}: ' + ', '.join(parts)
 
@@ -337,11 +338,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         ('prompts', 'sigma2_prompts')) if key in ev]
     if sig:
       lines.append('  mean sigma^2 per dimension: ' + ', '.join(
-          f'{label} {value:.3g}' for label, value in sig))
+          f'{label} {number(value)}' for label, value in sig))
     for key in sorted(ev):
       value = ev[key]
       shown = _pct(value) if key.startswith(('diff_acc', 'zeroshot')) else (
-          f'{value:.4g}')
+          number(value, 4))
       lines.append(f'  {key:36s} {shown}')
   evals = summary.get('evals') or {}
   if evals:
