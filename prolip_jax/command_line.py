@@ -1,7 +1,9 @@
 """What every command line of the package shares before it runs: the config
 file an argv names, its overrides checked against the config's keys, stray
-arguments refused, and the CPU asked for directly on a machine without
-accelerators (so the TPU runtime prints no warnings about a missing TPU)."""
+arguments refused, the CPU asked for directly on a machine without
+accelerators (so the TPU runtime prints no warnings about a missing TPU),
+and XLA's CPU thread pool sized so that a run's bits do not depend on the
+CPUs it may use."""
 
 from __future__ import annotations
 
@@ -49,6 +51,30 @@ def refuse_positional(rest: Sequence[str]):
           if first.endswith('.py') else '')
   raise errors.UserError(f'unexpected argument{"s" if len(rest) > 1 else ""} '
                          f'{" ".join(rest)}{hint}')
+
+
+# XLA:CPU splits some sums (YNNPACK reductions and contractions, Eigen
+# contractions) into as many parts as its intra-op thread pool has threads,
+# so the rounding of a run depends on the pool's size. XLA sizes the pool by
+# the CPUs the process may run on (its affinity: taskset, a container's
+# cpuset) unless this variable names a size (XLA reads it when it creates
+# the pool; tests/test_determinism.py checks that it still does). The emoji
+# demo run under `taskset -c 0` first differed from the same run on both
+# cores at step 3 (in the loss's last bit), which 600 steps carried to every
+# figure of the report.
+CPU_POOL_ENV = 'NPROC'
+
+
+def pin_cpu_thread_pool():
+  """Sizes XLA's CPU thread pool by the machine's CPU count
+  (``os.cpu_count()``), not by the CPUs this process may use now, so that a
+  run computes the same bits on a machine whatever its affinity or load.
+  Called before JAX starts its CPU backend (later it changes nothing); a
+  size the user set in ``NPROC`` is kept (in a container confined to a few
+  of a large host's CPUs, a pool of every CPU oversubscribes them: 32
+  threads on 2 cores made the emoji step 1.1-2.6x slower)."""
+  if CPU_POOL_ENV not in os.environ:
+    os.environ[CPU_POOL_ENV] = str(os.cpu_count() or 1)
 
 
 def cpu_only_without_accelerators():

@@ -136,6 +136,7 @@ def run(argv: list[str]) -> int:
       print(config_help.describe(config))
       return 0
     logging.set_verbosity(logging.WARNING)
+    command_line.pin_cpu_thread_pool()  # before JAX starts its CPU backend
     command_line.cpu_only_without_accelerators()
     _distributed_init()
     from prolip_jax import train  # pylint: disable=g-import-not-at-top

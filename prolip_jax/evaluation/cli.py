@@ -151,6 +151,7 @@ def run(argv: Sequence[str]) -> int:
   def body():
     fv = parse(argv)
     logging.set_verbosity(logging.ERROR)
+    command_line.pin_cpu_thread_pool()  # as training: the same bits
     # As training does: no TPU runtime warnings on a machine without one.
     command_line.cpu_only_without_accelerators()
     from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
