@@ -1,7 +1,7 @@
 """CPU train step, JAX vs PyTorch: same model, same loss, same batch.
 
   python benchmarks/cpu_vs_torch.py [--arch issue,tiny] [--rounds 5]
-      [--steps 5] [--threads 2]
+      [--steps 5] [--threads 2] [--default_malloc]
 
 Times, alternately in one process so both see the same machine load:
 
@@ -20,12 +20,19 @@ Architectures: ``issue`` = ViT 64 px / patch 8 / width 128 / 4 layers, text
 default (``configs/prolip_tiny.py``). It first checks that both steps compute
 the same loss terms on the first batch (the unmasked terms: masks are drawn
 independently), then prints per-step medians and the ratio.
+
+Like ``prolip_jax.main`` on a CPU, the process first sets glibc's malloc to
+keep freed memory (``prolip_jax.host_memory``: XLA's 440 MiB step buffer is
+reused instead of mapped afresh every step); both steps run under it.
+``--default_malloc`` leaves malloc as it is, to measure the step without it.
+It also prints page faults per step (ru_minflt) of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -212,18 +219,27 @@ def compare(name: str, rounds: int, steps: int):
   jax_run(batches[1])  # both warm: compiled / allocator primed
   torch_run(batches[1])
   times = {'jax': [], 'torch': []}
+  faults = {'jax': 0, 'torch': 0}
   for r in range(rounds):
     for label, fn in (('jax', jax_run), ('torch', torch_run)):
+      f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
       t0 = time.perf_counter()
       for s in range(steps):
         fn(batches[(r + s) % len(batches)])
       times[label].append((time.perf_counter() - t0) / steps)
+      faults[label] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
   jm = statistics.median(times['jax']) * 1e3
   tm = statistics.median(times['torch']) * 1e3
   b = config.batch_size
   print(f'[{name}] batch {b}: JAX {jm:.1f} ms/step ({b / jm * 1e3:.0f} '
         f'pairs/s), PyTorch {tm:.1f} ms/step ({b / tm * 1e3:.0f} pairs/s); '
         f'JAX speed / PyTorch speed = {tm / jm:.2f}')
+  print(f'[{name}] rounds (ms/step), JAX: '
+        + ' '.join(f'{t * 1e3:.0f}' for t in times['jax']) + '; PyTorch: '
+        + ' '.join(f'{t * 1e3:.0f}' for t in times['torch'])
+        + '; page faults per step, JAX '
+        f"{faults['jax'] / rounds / steps:.0f}, PyTorch "
+        f"{faults['torch'] / rounds / steps:.0f}")
   return tm / jm
 
 
@@ -233,7 +249,13 @@ def main(argv=None):
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--threads', type=int, default=os.cpu_count())
+  parser.add_argument('--default_malloc', action='store_true',
+                      help="leave glibc's malloc as it is (see the docstring)")
   args = parser.parse_args(argv)
+  if not args.default_malloc:  # before JAX starts its threads, as main does
+    from prolip_jax import host_memory
+    if not host_memory.keep_freed_memory_on_cpu():
+      print('note: malloc left as it is (not glibc, or not a CPU-only run)')
   import jax
   import torch
   torch.set_num_threads(args.threads)

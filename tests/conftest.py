@@ -23,6 +23,11 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
+# As prolip_jax.main on a CPU: XLA's freed step buffers stay in the heap
+# for the next step (host_memory.py); before JAX starts its threads.
+from prolip_jax import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
+host_memory.keep_freed_memory()
+
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -31,6 +31,7 @@ from ml_collections import config_flags
 from prolip_jax import command_line
 from prolip_jax import config_help
 from prolip_jax import errors
+from prolip_jax import host_memory
 
 # No config file: the checkpoint's own evaluators (runner.checkpoint_evals).
 DEFAULT_CONFIG = None
@@ -154,6 +155,7 @@ def run(argv: Sequence[str]) -> int:
     command_line.pin_cpu_thread_pool()  # as training: the same bits
     # As training does: no TPU runtime warnings on a machine without one.
     command_line.cpu_only_without_accelerators()
+    host_memory.keep_freed_memory_on_cpu()  # as training
     from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
     runner.run(fv.workdir, fv.config, fv.out, fv.step,
                log=lambda s: print(s, flush=True), only=tuple(fv.evals),
