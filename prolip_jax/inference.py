@@ -39,6 +39,7 @@ from prolip_jax.embedding import InputError  # pylint: disable=unused-import
 from prolip_jax.embedding import normalize_images
 from prolip_jax.embedding import text_list
 from prolip_jax.evaluation import metrics
+from prolip_jax.evaluation import zero_shot
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -188,11 +189,8 @@ class LoadedModel:
     """Class Gaussians from ``template.format(name)`` for every pair."""
     if not templates or not class_names:
       raise ValueError('need at least one class name and one template')
-    prompts = [t.format(c) for c in class_names for t in templates]
-    mu, logvar = self.encode_text(prompts)
-    shape = (len(class_names), len(templates), -1)
-    cls_mu, cls_var = metrics.class_gaussians(
-        mu.reshape(shape), None if logvar is None else logvar.reshape(shape))
+    cls_mu, cls_var = zero_shot.class_ensemble(self.encode_text,
+                                               class_names, templates)
     return ZeroShotClassifier(self, list(class_names), np.asarray(cls_mu),
                               None if cls_var is None else np.asarray(cls_var))
 

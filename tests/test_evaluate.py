@@ -38,6 +38,34 @@ def eval_config(name='digits'):
 # Metrics against loops.
 
 
+def test_prompt_ensemble_is_class_major_and_averages_per_class():
+  from prolip_jax.evaluation import zero_shot  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  names, templates = ['cat', 'dog', 'emu'], ['a {}.', 'the {}!']
+  table = {f'{c}|{t}': (rng.normal(size=4), rng.normal(size=4))
+           for c in names for t in templates}
+  seen = []
+
+  def embed(prompts):
+    seen.append(list(prompts))
+    keys = [next(k for k in table if k.split('|')[1].format(
+        k.split('|')[0]) == p) for p in prompts]
+    return (np.stack([table[k][0] for k in keys]),
+            np.stack([table[k][1] for k in keys]))
+
+  mu, lv = zero_shot.prompt_ensemble(embed, names, templates)
+  assert seen == [[t.format(c) for c in names for t in templates]]
+  assert mu.shape == lv.shape == (3, 2, 4)
+  np.testing.assert_array_equal(mu[2, 1], table['emu|the {}!'][0])
+  cls_mu, cls_var = zero_shot.class_ensemble(embed, names, templates)
+  np.testing.assert_array_equal(cls_mu, eval_metrics.class_gaussians(mu, lv)[0])
+  np.testing.assert_allclose(cls_var[0], np.exp(lv[0]).mean(0), rtol=1e-6)
+  # A deterministic model: no variances.
+  mu_only = zero_shot.class_ensemble(lambda p: (embed(p)[0], None), names,
+                                     templates)
+  assert mu_only[1] is None
+
+
 def test_topk_accuracy_matches_loop():
   rng = np.random.default_rng(0)
   scores = rng.normal(size=(40, 7))

@@ -13,7 +13,6 @@ from prolip_jax import uncertainty as U
 from prolip_jax.applications import bprw
 from prolip_jax.applications import filtering as F
 from prolip_jax.applications import traversal as T
-from prolip_jax.evaluation.context import class_prompts
 from prolip_jax.evaluation.context import Context
 from prolip_jax.evaluation.context import SkipSuite
 from prolip_jax.evaluation.data import load_data
@@ -22,6 +21,7 @@ from prolip_jax.evaluation.metrics import auc
 from prolip_jax.evaluation.metrics import class_gaussians
 from prolip_jax.evaluation.metrics import topk_accuracy
 from prolip_jax.evaluation.metrics import zero_shot_scores
+from prolip_jax.evaluation.zero_shot import class_prompts
 
 
 def suite_bprw(ctx: Context, cfg) -> tuple[dict, dict, list]:

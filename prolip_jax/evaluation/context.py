@@ -1,7 +1,7 @@
 """What every evaluation suite gets: the model, its embedder, the data.
 
 A suite is ``suite(ctx: Context, cfg) -> (scalar metrics, JSON-able details,
-figure paths)``; ``runner.SUITES`` names them.
+figure paths)``; ``suites.SUITES`` names them.
 """
 
 from __future__ import annotations
@@ -51,14 +51,6 @@ class Context:
 def metrics_for(ctx: Context, cfg) -> list[str]:
   return scoring_metrics(cfg.get('metrics', ('csd', 'cosine')),
                          ctx.embedder.probabilistic)
-
-
-def class_prompts(ctx: Context, templates) -> tuple:
-  data = ctx.data
-  prompts = [t.format(c) for c in data.class_names for t in templates]
-  mu, lv = ctx.embedder.texts(prompts, desc='prompts')
-  shape = (len(data.class_names), len(templates), -1)
-  return mu.reshape(shape), None if lv is None else lv.reshape(shape)
 
 
 def captions_at(data: EvalData, indices) -> tuple[list[str], np.ndarray]:

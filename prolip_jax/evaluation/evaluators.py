@@ -48,6 +48,7 @@ from prolip_jax.evaluation import datasets
 from prolip_jax.evaluation import metrics as M
 from prolip_jax.evaluation import suites
 from prolip_jax.evaluation.sharded import EvalModel
+from prolip_jax.evaluation.zero_shot import class_ensemble
 
 COMMON = {'kind': '', 'data': '', 'data_dir': '', 'every_steps': -1,
           'batch_size': 256, 'num_threads': 16, 'num_workers': 0}
@@ -136,11 +137,9 @@ class Evaluator:
     del out_dir
     zs = self._opened(datasets.zero_shot_set)
     emb = self._embed_images(model, zs.images, log)
-    prompts = [t.format(c) for c in zs.class_names for t in zs.templates]
-    p_mu, p_lv = model.embed_texts(prompts, self.batch_size)
-    shape = (len(zs.class_names), len(zs.templates), -1)
-    cls_mu, cls_var = M.class_gaussians(
-        p_mu.reshape(shape), None if p_lv is None else p_lv.reshape(shape))
+    cls_mu, cls_var = class_ensemble(
+        lambda p: model.embed_texts(p, self.batch_size), zs.class_names,
+        zs.templates)
     out = {}
     for metric in self._metric_names(model):
       scores = np.asarray(M.zero_shot_scores(emb.mu, emb.logvar, cls_mu,

@@ -35,6 +35,7 @@ from prolip_jax.evaluation.data import emoji_data
 from prolip_jax.evaluation.metrics import retrieval_recall
 from prolip_jax.evaluation.metrics import zero_shot_report
 from prolip_jax.evaluation.report import number
+from prolip_jax.evaluation.zero_shot import prompt_ensemble
 from prolip_jax.losses import csd
 from prolip_jax.losses import pcclip
 from prolip_jax.workdir import Workdir
@@ -107,12 +108,10 @@ def zero_shot_eval(encoders: Encoders, tokenizer, config, image_size: int,
   images = pipeline.eval_images(data.images, image_size)
   bs = config.eval.batch_size
   img = embed_in_batches(enc_img, images, bs)
-  prompts = [t.format(n) for n in data.class_names for t in data.templates]
-  p_mu, p_lv = embed_in_batches(enc_txt, tokenizer(prompts), bs)
-  shape = (len(data.class_names), len(data.templates), -1)
-  out = zero_shot_report(
-      img, (p_mu.reshape(shape), None if p_lv is None else p_lv.reshape(shape)),
-      data.labels)
+  prompts = prompt_ensemble(
+      lambda p: embed_in_batches(enc_txt, tokenizer(p), bs),
+      data.class_names, data.templates)
+  out = zero_shot_report(img, prompts, data.labels)
   caps = [c[-1] for c in data.captions]
   t_mu, t_lv = embed_in_batches(enc_txt, tokenizer(caps), bs)
   if img[1] is not None:
