@@ -51,6 +51,7 @@ from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import report as eval_report
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -635,5 +636,5 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
                         else None,
              'evals': evals_results}
   if is_chief:
-    print(train_time.format_summary(summary), flush=True)
+    print(eval_report.format_summary(summary), flush=True)
   return summary

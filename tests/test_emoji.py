@@ -22,6 +22,7 @@ from prolip_jax.data import emoji
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
 from prolip_jax.evaluation import data as eval_data
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import train_time
 
 # The untrimmed emoji-test.txt v17.0 (not shipped: Unicode's file, also inside
@@ -274,10 +275,10 @@ def test_eval_data_and_train_time_heldout():
   summary = {'step': 1, 'checkpoint': 'c', 'eval': {'zeroshot_csd_top1': 0.5},
              'heldout': {'dataset': 'emoji', 'images': len(items)}}
   assert (f'Held-out emoji ({len(items)} images whose names were never '
-          'trained on):') in train_time.format_summary(summary)
+          'trained on):') in report.format_summary(summary)
   del summary['heldout']
   assert ('Held-out digits (1,000 images never trained on):'
-          in train_time.format_summary(summary))
+          in report.format_summary(summary))
 
 
 def test_train_time_heldout_scores_the_right_pairs():

@@ -186,7 +186,7 @@ def test_format_table_in_trainings_units():
     label, value = rest.rsplit('  ', 1)
     rows[(suite, label.strip())] = value.strip()
   assert rows == {
-      # The labels training's summary uses (train_time.format_summary).
+      # The labels training's summary uses (report.format_summary).
       ('zero_shot', 'zero-shot top-1, CSD'): '95.0%',
       ('zero_shot', 'zero-shot top-1, cosine'): '94.7%',
       ('retrieval', 'retrieval image -> text R@1/5/10, CSD'):
@@ -211,8 +211,7 @@ def test_format_table_in_trainings_units():
 
 
 def test_format_table_uses_the_training_summarys_percentages():
-  from prolip_jax.evaluation import train_time  # pylint: disable=g-import-not-at-top
-  train = train_time.format_summary({
+  train = report.format_summary({
       'step': 1, 'checkpoint': 'c', 'eval': {'zeroshot_csd_top1': 0.9473}})
   table = report.format_table({'zero_shot/csd_top1': 0.9473})
   line = [l for l in train.splitlines() if 'zero-shot top-1, CSD' in l][0]

@@ -1,14 +1,20 @@
-"""The table ``python -m prolip_jax.evaluate`` prints, in training's units.
+"""Every printed report of an evaluation, in one set of units and labels.
 
-``format_table(metrics)`` turns ``{suite/key: value}`` (``summary.json``'s
-``metrics``, raw fractions) into ``suite  metric  value`` rows in the
-formats of the training summary (``train_time.format_summary``):
-accuracies, recalls and other fractions of samples as percentages with one
-decimal, retrieval recalls grouped as ``R@1/5/10``, the same labels where
-the same metric appears (``zero-shot top-1, CSD``), and sigma^2 labelled as
-per dimension (mean of exp(logvar), what training prints) or as the trace
-tr(Sigma) = sum_d exp(logvar_d) (paper 4.3). A key without a rule keeps its
-name and is shown as a number.
+* ``format_table(metrics)``: the table ``python -m prolip_jax.evaluate``
+  prints. It turns ``{suite/key: value}`` (``summary.json``'s ``metrics``,
+  raw fractions) into ``suite  metric  value`` rows.
+* ``format_summary(summary)``: the lines printed at the end of a training
+  run (its held-out evaluation, ``train_time.py``, and its ``config.evals``).
+* ``heldout_line`` / ``evaluator_line``: the one-line progress reports of
+  the training loop's evaluations.
+
+All of them share the formats: accuracies, recalls and other fractions of
+samples as percentages with one decimal (``pct``), retrieval recalls
+grouped as ``R@1/5/10``, the same labels where the same metric appears
+(``zero-shot top-1, CSD``, ``describe``), and sigma^2 labelled as per
+dimension (mean of exp(logvar), what training prints) or as the trace
+tr(Sigma) = sum_d exp(logvar_d) (paper 4.3), small values through
+``number``. A key without a rule keeps its name and is shown as a number.
 """
 
 from __future__ import annotations
@@ -167,6 +173,16 @@ def _split(name: str, kinds: dict[str, str] | None) -> tuple[str, str, str]:
   return prefix, prefix, rest
 
 
+def _recall_row(direction: str, metric: str | None,
+                recalls: list[tuple[int, float]]) -> tuple[str, str]:
+  """``('retrieval image -> text R@1/5/10[, CSD]', '40.0% / 81.2% / ...')``
+  of one direction's ``(k, recall)`` pairs."""
+  label = (f'retrieval {_DIRECTIONS[direction]} R@'
+           + '/'.join(str(k) for k, _ in recalls)
+           + (f', {_METRIC_NAMES.get(metric, metric)}' if metric else ''))
+  return label, ' / '.join(pct(v) for _, v in recalls)
+
+
 def _retrieval_rows(items: list) -> tuple[list, set]:
   """Recalls of one metric and direction grouped into one row like
   training's ``retrieval image -> text R@1/5/10``; returns the rows and the
@@ -180,10 +196,8 @@ def _retrieval_rows(items: list) -> tuple[list, set]:
   rows, used = [], set()
   for (shown, metric, direction), by_k in groups.items():
     ks = sorted(by_k)
-    label = (f'retrieval {_DIRECTIONS[direction]} R@'
-             + '/'.join(str(k) for k in ks)
-             + (f', {_METRIC_NAMES.get(metric, metric)}' if metric else ''))
-    value = ' / '.join(pct(by_k[k][1]) for k in ks)
+    label, value = _recall_row(direction, metric,
+                               [(k, by_k[k][1]) for k in ks])
     rows.append((shown, label, value, by_k[ks[0]][0]))
     used.update(by_k[k][0] for k in ks)
   return rows, used
@@ -215,4 +229,114 @@ def format_table(metrics: dict[str, Any], notes: bool = True,
   if notes and rows:
     lines.append('(summary.json and <suite>.json hold the same metrics as '
                  'fractions; sigma^2 per dimension = tr(Sigma) / dim)')
+  return '\n'.join(lines)
+
+
+def heldout_header(dataset: str, count: int) -> str:
+  """The summary's header line of the held-out evaluation."""
+  if dataset == 'emoji':
+    return (f'Held-out emoji ({count:,} images whose names were never trained '
+            'on):')
+  return f'Held-out {dataset} ({count:,} images never trained on):'
+
+
+
+# The figures of the one-line held-out report, in its order.
+_HELDOUT_LINE = (('zeroshot_csd_top1', 'top-1 CSD'),
+                 ('zeroshot_cosine_top1', 'cosine'),
+                 ('i2t_R@1', 'image->text R@1'),
+                 ('sigma2_img', 'sigma^2 images'),
+                 ('sigma2_captions', 'captions'))
+
+
+def heldout_line(dataset: str, step: int, results: dict[str, float]) -> str:
+  """``Held-out digits at step 300: top-1 CSD 93.1%, ...``: the figures of
+  a periodic held-out evaluation, accuracies in percent, sigma^2 in the
+  summary's format."""
+  parts = []
+  for key, label in _HELDOUT_LINE:
+    if key in results:
+      value = results[key]
+      parts.append(f'{label} {number(value)}' if key.startswith('sigma2')
+                   else f'{label} {pct(value)}')
+  return f'Held-out {dataset} at step {step}: ' + ', '.join(parts)
+
+
+def evaluator_line(name: str, metrics: dict[str, float]) -> str:
+  """A one-line report for the progress output: accuracies and recalls as
+  percentages, e.g. ``imagenet: csd_top1 61.2%, cosine_top1 60.8%``."""
+  keys = [k for k in metrics if k.endswith(('top1', 'R@1'))] or list(metrics)
+  parts = []
+  for k in keys[:6]:
+    v = metrics[k]
+    shown = pct(v) if ('top' in k or 'R@' in k or 'more_uncertain' in k) \
+        else number(v)
+    parts.append(f'{k} {shown}')
+  return f'{name}: ' + ', '.join(parts)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+  """The lines printed at the end of a training run: what was reached, the
+  held-out evaluation labelled with its protocol, where the checkpoint is
+  and the next commands."""
+  step = summary['step']
+  lines = []
+  if summary.get('interrupted'):
+    lines.append(f'Interrupted (Ctrl-C) at step {step}, checkpoint saved; '
+                 'resume with the same command.')
+  elif summary.get('preempted'):
+    lines.append(f'Stopped by SIGTERM at step {step}; resume with the same '
+                 'command.')
+  else:
+    lines.append(f'Finished at step {step} of {summary.get("total_steps", step)}'
+                 + (f' ({step * summary["batch_size"]:,} pairs).'
+                    if summary.get('batch_size') else '.'))
+  ev = dict(summary.get('eval') or {})
+  if ev:
+    heldout = summary.get('heldout') or {'dataset': 'digits', 'images': 1000}
+    lines.append(heldout_header(heldout['dataset'], heldout['images']))
+    # Training's names (``zeroshot_csd_top1``) in the zero-shot suite's rules.
+    for k in (1, 5):
+      for metric in ('csd', 'cosine'):
+        key = f'zeroshot_{metric}_top{k}'
+        if key in ev:
+          label, value = describe('zero_shot', key[len('zeroshot_'):],
+                                  ev.pop(key))
+          lines.append(f'  {label:36s} {value}')
+    for direction in _DIRECTIONS:
+      keys = [f'{direction}_R@{k}' for k in (1, 5, 10)]
+      if all(k in ev for k in keys):
+        label, value = _recall_row(direction, None, [
+            (k, ev.pop(key)) for k, key in zip((1, 5, 10), keys)])
+        lines.append(f'  {label:36s} {value}')
+    if any(k.startswith(('i2t', 't2i')) for k in summary.get('eval', {})):
+      lines.append('    (one caption per image, its most specific; '
+                   '`prolip_jax.evaluate` ranks every caption of an image, '
+                   'so its recalls differ)')
+    sig = [(label, ev.pop(key)) for label, key in (
+        ('images', 'sigma2_img'), ('captions', 'sigma2_captions'),
+        ('prompts', 'sigma2_prompts')) if key in ev]
+    if sig:
+      lines.append('  mean sigma^2 per dimension: ' + ', '.join(
+          f'{label} {number(value)}' for label, value in sig))
+    for key in sorted(ev):
+      value = ev[key]
+      shown = pct(value) if key.startswith(('diff_acc', 'zeroshot')) else (
+          number(value, 4))
+      lines.append(f'  {key:36s} {shown}')
+  evals = summary.get('evals') or {}
+  if evals:
+    lines.append('Evaluators (config.evals):')
+    by_name: dict[str, dict[str, float]] = {}
+    for key, value in evals.items():
+      name, _, metric = key.partition('/')
+      by_name.setdefault(name, {})[metric] = value
+    for name, found in by_name.items():
+      lines.append('  ' + evaluator_line(name, found))
+  workdir = summary.get('workdir')
+  lines.append(f"Checkpoint: {summary['checkpoint']}")
+  if workdir and not summary.get('preempted'):
+    lines.append(f'Next: python -m prolip_jax.evaluate --workdir {workdir}')
+    lines.append(f'      python tools/export_pytorch.py --workdir {workdir} '
+                 f'--out {workdir}/export')
   return '\n'.join(lines)

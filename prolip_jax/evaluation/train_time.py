@@ -1,6 +1,7 @@
 """The evaluations the training loop runs (``LoopEvaluations``): the short
 one on its data set's held-out part, and the configured evaluators
-(``config.evals``, ``evaluation/evaluators.py``); the run's final summary.
+(``config.evals``, ``evaluation/evaluators.py``). The run's final summary
+and the progress lines are formatted by ``report.py``.
 
 ``data.name='digits'``: the 1,000 held-out digits; ``'emoji'``: the held-out
 emoji, whose names were never trained on (``heldout_data``); other sources
@@ -34,7 +35,8 @@ from prolip_jax.evaluation.data import digits_data
 from prolip_jax.evaluation.data import emoji_data
 from prolip_jax.evaluation.metrics import retrieval_recall
 from prolip_jax.evaluation.metrics import zero_shot_report
-from prolip_jax.evaluation.report import number
+from prolip_jax.evaluation.report import evaluator_line
+from prolip_jax.evaluation.report import heldout_line
 from prolip_jax.evaluation.zero_shot import prompt_ensemble
 from prolip_jax.losses import csd
 from prolip_jax.losses import pcclip
@@ -79,17 +81,9 @@ def heldout_data(config) -> Optional[EvalData]:
   return _heldout(name) if name in HELDOUT else None
 
 
-def heldout_header(dataset: str, count: int) -> str:
-  """The summary's header line of the held-out evaluation."""
-  if dataset == 'emoji':
-    return (f'Held-out emoji ({count:,} images whose names were never trained '
-            'on):')
-  return f'Held-out {dataset} ({count:,} images never trained on):'
-
-
 def heldout_info(config) -> Optional[dict[str, Any]]:
-  """``{'dataset', 'images'}`` of the held-out set (for ``format_summary``),
-  or None."""
+  """``{'dataset', 'images'}`` of the held-out set (for
+  ``report.format_summary``), or None."""
   data = heldout_data(config)
   return None if data is None else {'dataset': config.data.name,
                                     'images': len(data.images)}
@@ -254,108 +248,3 @@ class LoopEvaluations:
     if results:
       self.writer.write(step, results)
     return results
-
-
-def _pct(x: float) -> str:
-  return f'{100 * x:.1f}%'
-
-
-# The figures of the one-line held-out report, in its order.
-_HELDOUT_LINE = (('zeroshot_csd_top1', 'top-1 CSD'),
-                 ('zeroshot_cosine_top1', 'cosine'),
-                 ('i2t_R@1', 'image->text R@1'),
-                 ('sigma2_img', 'sigma^2 images'),
-                 ('sigma2_captions', 'captions'))
-
-
-def heldout_line(dataset: str, step: int, results: dict[str, float]) -> str:
-  """``Held-out digits at step 300: top-1 CSD 93.1%, ...``: the figures of
-  a periodic held-out evaluation, accuracies in percent, sigma^2 in the
-  summary's format."""
-  parts = []
-  for key, label in _HELDOUT_LINE:
-    if key in results:
-      value = results[key]
-      parts.append(f'{label} {number(value)}' if key.startswith('sigma2')
-                   else f'{label} {_pct(value)}')
-  return f'Held-out {dataset} at step {step}: ' + ', '.join(parts)
-
-
-def evaluator_line(name: str, metrics: dict[str, float]) -> str:
-  """A one-line report for the progress output: accuracies and recalls as
-  percentages, e.g. ``imagenet: csd_top1 61.2%, cosine_top1 60.8%``."""
-  keys = [k for k in metrics if k.endswith(('top1', 'R@1'))] or list(metrics)
-  parts = []
-  for k in keys[:6]:
-    v = metrics[k]
-    shown = _pct(v) if ('top' in k or 'R@' in k or 'more_uncertain' in k) \
-        else number(v)
-    parts.append(f'{k} {shown}')
-  return f'{name}: ' + ', '.join(parts)
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-  """The lines printed at the end of a training run: what was reached, the
-  held-out evaluation labelled with its protocol, where the checkpoint is
-  and the next commands."""
-  step = summary['step']
-  lines = []
-  if summary.get('interrupted'):
-    lines.append(f'Interrupted (Ctrl-C) at step {step}, checkpoint saved; '
-                 'resume with the same command.')
-  elif summary.get('preempted'):
-    lines.append(f'Stopped by SIGTERM at step {step}; resume with the same '
-                 'command.')
-  else:
-    lines.append(f'Finished at step {step} of {summary.get("total_steps", step)}'
-                 + (f' ({step * summary["batch_size"]:,} pairs).'
-                    if summary.get('batch_size') else '.'))
-  ev = dict(summary.get('eval') or {})
-  if ev:
-    heldout = summary.get('heldout') or {'dataset': 'digits', 'images': 1000}
-    lines.append(heldout_header(heldout['dataset'], heldout['images']))
-    rows = [
-        ('zero-shot top-1, CSD', 'zeroshot_csd_top1'),
-        ('zero-shot top-1, cosine', 'zeroshot_cosine_top1'),
-        ('zero-shot top-5, CSD', 'zeroshot_csd_top5'),
-        ('zero-shot top-5, cosine', 'zeroshot_cosine_top5'),
-    ]
-    for label, key in rows:
-      if key in ev:
-        lines.append(f'  {label:36s} {_pct(ev.pop(key))}')
-    for direction, name in (('i2t', 'image -> text'), ('t2i', 'text -> image')):
-      keys = [f'{direction}_R@{k}' for k in (1, 5, 10)]
-      if all(k in ev for k in keys):
-        values = ' / '.join(_pct(ev.pop(k)) for k in keys)
-        lines.append(f'  {"retrieval " + name + " R@1/5/10":36s} {values}')
-    if any(k.startswith(('i2t', 't2i')) for k in summary.get('eval', {})):
-      lines.append('    (one caption per image, its most specific; '
-                   '`prolip_jax.evaluate` ranks every caption of an image, '
-                   'so its recalls differ)')
-    sig = [(label, ev.pop(key)) for label, key in (
-        ('images', 'sigma2_img'), ('captions', 'sigma2_captions'),
-        ('prompts', 'sigma2_prompts')) if key in ev]
-    if sig:
-      lines.append('  mean sigma^2 per dimension: ' + ', '.join(
-          f'{label} {number(value)}' for label, value in sig))
-    for key in sorted(ev):
-      value = ev[key]
-      shown = _pct(value) if key.startswith(('diff_acc', 'zeroshot')) else (
-          number(value, 4))
-      lines.append(f'  {key:36s} {shown}')
-  evals = summary.get('evals') or {}
-  if evals:
-    lines.append('Evaluators (config.evals):')
-    by_name: dict[str, dict[str, float]] = {}
-    for key, value in evals.items():
-      name, _, metric = key.partition('/')
-      by_name.setdefault(name, {})[metric] = value
-    for name, found in by_name.items():
-      lines.append('  ' + evaluator_line(name, found))
-  workdir = summary.get('workdir')
-  lines.append(f"Checkpoint: {summary['checkpoint']}")
-  if workdir and not summary.get('preempted'):
-    lines.append(f'Next: python -m prolip_jax.evaluate --workdir {workdir}')
-    lines.append(f'      python tools/export_pytorch.py --workdir {workdir} '
-                 f'--out {workdir}/export')
-  return '\n'.join(lines)
