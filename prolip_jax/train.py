@@ -508,9 +508,9 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
                     dict(meta, step=int(step)), force=force,
                     teacher=state.teacher)
 
-  evaluations = train_time.LoopEvaluations(objective, model, config,
-                                           tokenizer, mesh, evals, writer,
-                                           workdir, is_chief)
+  evaluations = train_time.LoopEvaluations(
+      objective, model, config, tokenizer, mesh, evals, writer, workdir,
+      is_chief, status=lambda line: progress.status(line, is_chief))
   unavailable = evaluators.check_available(evals)
   if is_chief:
     print(f'prolip_jax: {config.objective} on {config.data.name}, '

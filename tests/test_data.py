@@ -601,8 +601,9 @@ def _coordinate_image(w: int, h: int) -> np.ndarray:
 
 
 def test_augmentation_ranges():
-  assert transforms.AUG_DIM == 11
-  assert transforms.AUG_FIELDS == (
+  from prolip_jax.models import heads  # pylint: disable=g-import-not-at-top
+  assert transforms.AUG_DIM == heads.AUG_DIM == 11
+  assert heads.AUG_FIELDS == (
       'crop_x', 'crop_y', 'crop_w', 'crop_h', 'brightness', 'contrast',
       'saturation', 'hue', 'blur_sigma', 'flip', 'grayscale')
   np.testing.assert_array_equal(transforms.identity_aug_vector(),

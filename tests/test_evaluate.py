@@ -219,7 +219,7 @@ def test_format_table_uses_the_training_summarys_percentages():
 
 
 def test_evaluate_help_lists_the_commands_flags(capsys):
-  assert eval_cli.run(['evaluate', '--help']) == 0
+  assert evaluate.command(['evaluate', '--help']) == 0
   out = capsys.readouterr().out
   for flag in ('--workdir', '--config', '--out', '--step',
                '--config.KEY=VALUE', '--config.data.per_class'):
@@ -244,7 +244,7 @@ def test_evaluate_flag_errors_are_one_line(args, message):
 
 
 def test_evaluate_misspelt_key_is_one_clean_line_with_the_nearest(capsys):
-  status = eval_cli.run(['evaluate', '--workdir=w', f'--config={DIGITS}',
+  status = evaluate.command(['evaluate', '--workdir=w', f'--config={DIGITS}',
                          '--config.data.per_clas=20'])
   assert status == 2
   err = capsys.readouterr().err

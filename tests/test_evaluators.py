@@ -16,6 +16,7 @@ from PIL import Image
 
 from prolip_jax import checkpoint
 from prolip_jax import errors
+from prolip_jax import evaluate
 from prolip_jax import inference
 from prolip_jax import presets
 from prolip_jax import sharding as shd
@@ -348,8 +349,8 @@ def test_training_runs_its_evaluators_and_skips_missing_data(tmp_path,
   # The same evaluator from the checkpoint, by `evaluate`, gives the same
   # numbers (its own evals; the missing one reported and skipped).
   lines = []
-  again = runner.run(workdir, None, str(tmp_path / 'eval'),
-                     log=lines.append)
+  again = evaluate.run(workdir, None, str(tmp_path / 'eval'),
+                       log=lines.append)
   assert again['metrics']['digits_zs/csd_top1'] == pytest.approx(
       summary['evals']['digits_zs/csd_top1'], abs=1e-6)
   assert any(l.startswith('[imagenet] skipped: TFDS data set') for l in lines)

@@ -40,6 +40,7 @@ from prolip_jax import checkpoint
 from prolip_jax import convert
 from prolip_jax import embedding
 from prolip_jax import errors
+from prolip_jax import evaluate
 from prolip_jax import hub
 from prolip_jax import inference
 from prolip_jax import manifest
@@ -48,7 +49,6 @@ from prolip_jax.data import image_decode
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import file_sha256
 from prolip_jax.data.tokenizer import train_tokenizer
-from prolip_jax.evaluation import cli as evaluate_cli
 
 import test_user_errors  # the tiny model and its parameters
 
@@ -451,7 +451,7 @@ def test_evaluate_of_a_damaged_export_is_one_line_in_process(
     exports, tmp_path, capfd):
   out = _copy(exports[False], tmp_path)
   _truncate(os.path.join(out, 'model.safetensors'), lambda n: n // 2)
-  status = evaluate_cli.run(['evaluate', f'--workdir={out}'])
+  status = evaluate.command(['evaluate', f'--workdir={out}'])
   err = capfd.readouterr().err
   assert status == errors.EXIT_USER_ERROR, err
   lines = [l for l in err.splitlines() if l.startswith('error: ')]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# Indices into the augmentation vector (transforms.AUG_FIELDS).
+# Indices into the augmentation vector (models.heads.AUG_FIELDS).
 _FACTORS = slice(4, 8)  # brightness, contrast, saturation, hue
 _GRAYSCALE = 10
 _LUMA = (0.299, 0.587, 0.114)  # PIL's "L" conversion (ITU-R 601-2)

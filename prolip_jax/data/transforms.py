@@ -4,8 +4,9 @@ Training views follow the paper's B.1 recipe: random resized crop with scale
 (0.8, 1.0), colour jitter (brightness, contrast, saturation, hue) =
 (0.32, 0.32, 0.32, 0.08) applied with probability 0.8, random grayscale with
 probability 0.2. Each view also returns its augmentation parameters as an
-``AUG_DIM``-vector (layout in ``AUG_FIELDS``) so objectives that condition on
-them (UniCLIP) can. Outputs stay uint8; normalisation happens on device.
+``AUG_DIM``-vector (layout in ``AUG_FIELDS``, declared by the head that
+embeds it, ``models/heads.py``) so objectives that condition on them
+(UniCLIP) can. Outputs stay uint8; normalisation happens on device.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import numpy as np
 from PIL import Image
 from PIL import ImageEnhance
 
-AUG_FIELDS = ('crop_x', 'crop_y', 'crop_w', 'crop_h', 'brightness', 'contrast',
-              'saturation', 'hue', 'blur_sigma', 'flip', 'grayscale')
-AUG_DIM = len(AUG_FIELDS)
+from prolip_jax.models.heads import AUG_DIM
 
 
 @dataclasses.dataclass(frozen=True)

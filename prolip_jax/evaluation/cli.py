@@ -11,6 +11,9 @@ can be overridden with ``--config.x.y=...``::
 ones the checkpoint was trained with (``config.evals``;
 ``evaluation/runner.py``).
 
+This module holds the flags (``parse``, ``help_text``); the command itself,
+which loads the model and runs ``runner.run``, is ``prolip_jax/evaluate.py``.
+
 The flags live in their own ``FlagValues`` (not absl's global ``FLAGS``,
 where ``prolip_jax.main`` defines ``--config`` and ``--workdir`` too), so
 that ``--help`` lists exactly this command's flags and the parser can be
@@ -25,13 +28,11 @@ import sys
 from typing import Optional, Sequence
 
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from prolip_jax import command_line
 from prolip_jax import config_help
 from prolip_jax import errors
-from prolip_jax import host_memory
 
 # No config file: the checkpoint's own evaluators (runner.checkpoint_evals).
 DEFAULT_CONFIG = None
@@ -140,31 +141,3 @@ def parse(argv: Sequence[str]) -> flags.FlagValues:
     raise errors.UserError('--workdir is required (a training workdir or an '
                            'export directory); --help lists the flags')
   return fv
-
-
-def run(argv: Sequence[str]) -> int:
-  """Runs the command line ``argv`` (program name first); returns the exit
-  status (0, 2 for a user error)."""
-  if any(a in ('--help', '-h', '--helpfull', '-help') for a in argv[1:]):
-    print(help_text())
-    return 0
-
-  def body():
-    fv = parse(argv)
-    logging.set_verbosity(logging.ERROR)
-    command_line.pin_cpu_thread_pool()  # as training: the same bits
-    # As training does: no TPU runtime warnings on a machine without one.
-    command_line.cpu_only_without_accelerators()
-    host_memory.keep_freed_memory_on_cpu()  # as training
-    from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
-    runner.run(fv.workdir, fv.config, fv.out, fv.step,
-               log=lambda s: print(s, flush=True), only=tuple(fv.evals),
-               tfds_data_dir=fv.tfds_data_dir)
-    return 0
-
-  return errors.cli_main(body, argv)
-
-
-def main():
-  """Entry point of ``python -m prolip_jax.evaluate``."""
-  sys.exit(run(sys.argv))

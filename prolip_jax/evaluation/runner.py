@@ -1,6 +1,7 @@
-"""What ``python -m prolip_jax.evaluate`` runs: a model's evaluators.
+"""What ``python -m prolip_jax.evaluate`` runs: a loaded model's evaluators
+(the command, ``prolip_jax/evaluate.py``, loads it).
 
-``run(model_or_path)`` with no config runs the evaluators the checkpoint
+``run(model)`` with no config runs the evaluators the checkpoint
 was trained with (its ``config.evals``; a checkpoint without them, such as
 one written before evaluators were configurable, gets the bundled report of
 the data it was trained on, digits or emoji), so an emoji model is scored on
@@ -22,7 +23,6 @@ from typing import Callable, Optional
 import ml_collections
 
 from prolip_jax import errors
-from prolip_jax import inference
 from prolip_jax import paths
 from prolip_jax import sharding as shd
 from prolip_jax.evaluation import evaluators
@@ -49,17 +49,16 @@ def checkpoint_evals(model) -> ml_collections.ConfigDict:
 
 
 def run(model, config=None, out_dir: Optional[str] = None,
-        step: Optional[int] = None, log: Callable[[str], None] = print,
-        only: tuple[str, ...] = (), tfds_data_dir: Optional[str] = None
-        ) -> dict:
+        log: Callable[[str], None] = print, only: tuple[str, ...] = (),
+        tfds_data_dir: Optional[str] = None) -> dict:
   """Runs a model's evaluators and writes their results.
 
   Args:
-    model: a ``LoadedModel`` or a path for ``prolip_jax.load``.
+    model: a ``LoadedModel`` (the command, ``prolip_jax.evaluate.run``,
+      loads one from a path).
     config: None (the model's own ``evals``), an eval config with ``evals``,
       or a bundled-report config (``suites`` + ``data``).
-    out_dir: default ``<model path>/eval`` (required for a model object).
-    step: checkpoint step when loading a workdir.
+    out_dir: where the results go (a local, gs:// or s3:// directory).
     log: where progress lines and the table go.
     only: names of the evaluators to run (default all).
     tfds_data_dir: the TFDS ``data_dir`` of evaluators that set none
@@ -72,12 +71,10 @@ def run(model, config=None, out_dir: Optional[str] = None,
     ``suite/metric`` names.
   """
   if isinstance(model, (str, os.PathLike)):
-    path = os.fspath(model)
-    if out_dir is None:
-      out_dir = paths.join(paths.parse(path, 'model path'), 'eval')
-    model = inference.load(path, step=step)
+    raise TypeError('runner.run takes a loaded model; '
+                    'prolip_jax.evaluate.run loads one from a path')
   if out_dir is None:
-    raise ValueError('out_dir is required when model is not a path')
+    raise ValueError('out_dir is required')
   dest = paths.parse(out_dir, 'out_dir')
   # A gs:// or s3:// destination gets its files uploaded at the end.
   with paths.local_dir_for(dest) as local:

@@ -22,10 +22,7 @@ import jax
 import numpy as np
 
 from prolip_jax import paths
-from prolip_jax import progress
 from prolip_jax import sharding as shd
-from prolip_jax.data import digits
-from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
@@ -39,7 +36,6 @@ from prolip_jax.evaluation.report import evaluator_line
 from prolip_jax.evaluation.report import heldout_line
 from prolip_jax.evaluation.zero_shot import prompt_ensemble
 from prolip_jax.losses import csd
-from prolip_jax.losses import pcclip
 from prolip_jax.workdir import Workdir
 
 Encoders = tuple[Callable, Callable]
@@ -52,14 +48,6 @@ def jit_encoders(objective, model, params, config) -> Encoders:
   mean, std = config.data.mean, config.data.std
   return (jax.jit(lambda x: enc_img(normalize_images(x, mean, std))),
           jax.jit(enc_txt))
-
-
-def digits_eval_images(split: str, image_size: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
-  """Eval views ``(n, s, s, 3)`` uint8 of a digits split, and its labels."""
-  images, labels = digits.split(split)
-  return pipeline.eval_images(np.repeat(images[..., None], 3, -1),
-                              image_size), labels
 
 
 # data.name -> its held-out EvalData.
@@ -129,50 +117,20 @@ def zero_shot_heldout(encoders: Encoders, tokenizer, config, image_size: int
   return zero_shot_eval(encoders, tokenizer, config, image_size, data)
 
 
-def difference_classification_digits(encoders: Encoders, tokenizer, config,
-                                     image_size: int, num_pairs: int = 500,
-                                     seed: int = 0, split: str = 'heldout'
-                                     ) -> dict[str, float]:
-  """PC-CLIP's difference-based classification (eq. 2) on the digits.
-
-  For each ordered attribute of ``data.pairs.DIGIT_SCHEMA`` that varies
-  over ``split`` (digit value, thickness, width; the bundled digits are all
-  centred, so position never differs): ``num_pairs`` random ordered pairs of
-  ``split`` images that differ in it, the prompt T = the attribute's "first
-  has more" phrase (e.g. "the first digit is larger than the second"), and
-  the prediction 1{(g(I_i) - g(I_j)) . f(T) >= 0}. Chance is 50%.
-
-  Returns:
-    ``{'diff_acc/<attribute>': accuracy, 'diff_acc': their mean}``.
-  """
-  enc_img, enc_txt = encoders
-  images, _ = digits_eval_images(split, image_size)
-  attrs = digits.attributes(split)
-  g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
-  out = {}
-  for attr in pairs.DIGIT_SCHEMA:
-    if attr.more is None:
-      continue
-    f_t = np.asarray(enc_txt(tokenizer([attr.more]))[0])[0]
-    i, j, truth = pairs.difference_eval_pairs(attrs, attr, num_pairs, seed)
-    if not len(i):  # no two images differ in it: nothing to rank
-      continue
-    pred = np.asarray(pcclip.difference_classify(g[i], g[j], f_t))
-    out[f'diff_acc/{attr.name}'] = float(np.mean(pred == truth))
-  out['diff_acc'] = float(np.mean(list(out.values())))
-  return out
-
-
 class LoopEvaluations:
   """The loop's evaluations: the held-out set of the bundled data
   (``config.eval``: digits, emoji) and the configured evaluators
   (``config.evals``), each writing its metrics at the step."""
 
   def __init__(self, objective, model, config, tokenizer, mesh,
-               evals: list, writer, workdir: str, is_chief: bool):
+               evals: list, writer, workdir: str, is_chief: bool, *,
+               status: Callable[[str], None]):
     self.objective, self.model, self.config = objective, model, config
     self.tokenizer, self.mesh, self.evals = tokenizer, mesh, evals
     self.writer, self.workdir, self.is_chief = writer, workdir, is_chief
+    # Where its progress lines go (training passes ``progress.status`` on
+    # the chief): evaluation does not import the training loop's modules.
+    self.status = status
     self._gather = jax.jit(lambda p: p, out_shardings=shd.replicated(mesh))
     self._on_mesh = None
 
@@ -185,21 +143,19 @@ class LoopEvaluations:
     config = self.config
     if config.data.name not in HELDOUT:
       return {}
-    progress.status(f'Evaluating on the held-out {config.data.name} set '
-                    f'(step {step})', self.is_chief)
+    self.status(f'Evaluating on the held-out {config.data.name} set '
+                f'(step {step})')
     # Every host evaluates the same replicated parameters on the held-out set.
     encoders = jit_encoders(self.objective, self.model,
-                                       self._gather(state.params), config)
+                            self._gather(state.params), config)
     size = self.model.config.vision.image_size
-    results = zero_shot_heldout(encoders, self.tokenizer, config,
-                                           size)
+    results = zero_shot_heldout(encoders, self.tokenizer, config, size)
     results.update(self.objective.train_eval_metrics(
         encoders, self.tokenizer, config, size))
     if write:
       self.writer.write(step, {f'eval/{k}': v for k, v in results.items()})
     if announce:
-      progress.status(heldout_line(config.data.name, step, results),
-                      self.is_chief)
+      self.status(heldout_line(config.data.name, step, results))
     return results
 
   def heldout_due(self, step: int, final: bool) -> bool:
@@ -233,7 +189,7 @@ class LoopEvaluations:
           self.tokenizer, self.mesh)
     on_mesh = self._on_mesh
     on_mesh.params = state.params  # where the train state holds them
-    log = lambda line: progress.status(line, self.is_chief)
+    log = self.status
     results = {}
     # The chief writes the reports (uploaded whole to a gs:// workdir).
     with (paths.local_dir_for(Workdir.of(self.workdir).evals(step))

@@ -3,9 +3,11 @@
 The image ENCODER is augmentation-agnostic: it sees only the augmented image
 A(x) and gives h = f_I(A(x)). Only the image PROJECTION HEAD sees the
 augmentation: z = g_I(h, f_A(A)), where f_A is an MLP embedding the
-augmentation vector (``prolip_jax.data.transforms.AUG_FIELDS``, 11 numbers:
-crop x, y, w, h; brightness, contrast, saturation, hue factors; blur sigma;
-flip and grayscale flags). The paper's image head is three residual blocks
+augmentation vector (``AUG_FIELDS``, 11 numbers: crop x, y, w, h;
+brightness, contrast, saturation, hue factors; blur sigma; flip and
+grayscale flags). Its layout is declared here, by the head that embeds it;
+the data pipeline (``prolip_jax.data.transforms``) writes it in this order,
+so models never import data. The paper's image head is three residual blocks
 (Table 4a: best with the augmentation embedding); the text head is linear,
 z = g_T(f_T(x)). Downstream (zero-shot, linear probe) the head and f_A are
 dropped and h is used, or the head is fed ``identity_aug_vector()``.
@@ -24,12 +26,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from prolip_jax.data.transforms import AUG_DIM
-
 Array = jax.Array
 
+# The augmentation vector of a view: what ``data.transforms`` draws for it.
+AUG_FIELDS = ('crop_x', 'crop_y', 'crop_w', 'crop_h', 'brightness', 'contrast',
+              'saturation', 'hue', 'blur_sigma', 'flip', 'grayscale')
+AUG_DIM = len(AUG_FIELDS)
+
 __all__ = ['AugmentationEncoder', 'ResidualBlock', 'AugAwareImageHead',
-           'TextHead', 'AUG_DIM']
+           'TextHead', 'AUG_DIM', 'AUG_FIELDS']
 
 
 class AugmentationEncoder(nn.Module):

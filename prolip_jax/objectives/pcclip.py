@@ -4,6 +4,9 @@ Besides image-caption pairs, every step embeds a batch of image pairs
 (I_i, I_j) with a text T_ij describing how they differ (``data.pairs``) and
 adds ``loss.pcclip_weight`` times eq. 1 (with eq. 4's similarity, or eq. 5's
 squared form). The difference texts' words go into the tokenizer's corpus.
+The loop's held-out evaluation adds its difference-based classification
+(eq. 2, ``difference_classification_digits``) through
+``train_eval_metrics``.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from prolip_jax import sharding as shd
+from prolip_jax.data import digits
 from prolip_jax.data import pairs
+from prolip_jax.data import pipeline
+from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
-from prolip_jax.evaluation import train_time
 from prolip_jax.losses import difference_alignment_loss
 from prolip_jax.losses import difference_classify
 from prolip_jax.objectives.clip import CLIPObjective
@@ -65,6 +71,49 @@ def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
         mesh=mesh, in_specs=(batch_spec,) * 3, out_specs=P())(g_i, g_j, f)
   acc = jnp.mean(difference_classify(g_i, g_j, f))
   return term, {'pcclip_diff': term, 'pcclip_diff_acc': acc}
+
+
+def digits_eval_images(split: str, image_size: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+  """Eval views ``(n, s, s, 3)`` uint8 of a digits split, and its labels."""
+  images, labels = digits.split(split)
+  return pipeline.eval_images(np.repeat(images[..., None], 3, -1),
+                              image_size), labels
+
+
+def difference_classification_digits(encoders: tuple[Callable, Callable],
+                                     tokenizer, config, image_size: int,
+                                     num_pairs: int = 500, seed: int = 0,
+                                     split: str = 'heldout'
+                                     ) -> dict[str, float]:
+  """PC-CLIP's difference-based classification (eq. 2) on the digits.
+
+  For each ordered attribute of ``data.pairs.DIGIT_SCHEMA`` that varies
+  over ``split`` (digit value, thickness, width; the bundled digits are all
+  centred, so position never differs): ``num_pairs`` random ordered pairs of
+  ``split`` images that differ in it, the prompt T = the attribute's "first
+  has more" phrase (e.g. "the first digit is larger than the second"), and
+  the prediction 1{(g(I_i) - g(I_j)) . f(T) >= 0}. Chance is 50%.
+
+  Returns:
+    ``{'diff_acc/<attribute>': accuracy, 'diff_acc': their mean}``.
+  """
+  enc_img, enc_txt = encoders
+  images, _ = digits_eval_images(split, image_size)
+  attrs = digits.attributes(split)
+  g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
+  out = {}
+  for attr in pairs.DIGIT_SCHEMA:
+    if attr.more is None:
+      continue
+    f_t = np.asarray(enc_txt(tokenizer([attr.more]))[0])[0]
+    i, j, truth = pairs.difference_eval_pairs(attrs, attr, num_pairs, seed)
+    if not len(i):  # no two images differ in it: nothing to rank
+      continue
+    pred = np.asarray(difference_classify(g[i], g[j], f_t))
+    out[f'diff_acc/{attr.name}'] = float(np.mean(pred == truth))
+  out['diff_acc'] = float(np.mean(list(out.values())))
+  return out
 
 
 class PCCLIPObjective(CLIPObjective):
@@ -122,5 +171,5 @@ class PCCLIPObjective(CLIPObjective):
     return add_pair_loss
 
   def train_eval_metrics(self, encoders, tokenizer, config, image_size: int):
-    return train_time.difference_classification_digits(
+    return difference_classification_digits(
         encoders, tokenizer, config, image_size)
