@@ -36,7 +36,7 @@ from prolip_jax.evaluation.metrics import retrieval_recall
 from prolip_jax.evaluation.metrics import zero_shot_report
 from prolip_jax.evaluation.report import number
 from prolip_jax.losses import csd
-from prolip_jax.losses import pcclip
+from prolip_jax.applications import pcclip
 from prolip_jax.workdir import Workdir
 
 Encoders = tuple[Callable, Callable]
