@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 from scipy import optimize
 
 from prolip_jax import losses
-from prolip_jax.losses import blockwise
+from prolip_jax.losses import ring
 from prolip_jax.losses.probabilistic import GaussianBatch
 
 B = 120  # divisible by 1, 2, 3, 4, 5 and 8
@@ -132,7 +132,7 @@ def test_ring_visits_every_block_exactly_once(shape, names, axis_name):
   def visits():
     own_index = jax.lax.axis_index(axis_name)  # linear index over the tuple
     block = jnp.full((1,), own_index)
-    count = blockwise._ring_sum(
+    count = ring.ring_sum(
         lambda t, positives: jax.nn.one_hot(t[0], n) * (1 + 9 * positives),
         block, axis_name)
     return count[None], own_index[None]
@@ -358,6 +358,52 @@ def test_bf16_inputs_travel_in_bf16_and_score_in_f32():
   value = f(*bf16)
   assert value.dtype == jnp.float32
   _assert_close(value, losses.ppcl_loss(*bf16, 10.0, -10.0))
+
+
+def _sigmoid_pairs64(logits):
+  """float64 numpy: -sum_ij log sigmoid(y_ij logit_ij) / n, y = +1 on i == j."""
+  y = 2.0 * np.eye(*logits.shape) - 1.0
+  return np.sum(np.logaddexp(0.0, -y * logits)) / logits.shape[0]
+
+
+def test_float64_inputs_stay_float64_on_the_ring():
+  """With x64, float64 shards give float64 global losses equal to float64
+  references to ~1e-12 (float32 arithmetic would be ~1e-7 off), on an even
+  ring (the antipodal hop) and on both one-way CLIP passes."""
+  mesh = _mesh((4,), ('x',))
+  mi, li, mt, lt = (np.float64(x) for x in _batch())
+  tr_i, tr_t = np.exp(li).sum(1), np.exp(lt).sum(1)
+  ppcl64 = _sigmoid_pairs64(
+      10.0 * (mi @ mt.T - 0.5 * tr_i[:, None] - 0.5 * tr_t[None]) - 10.0)
+  with jax.enable_x64(True):
+    args = [jnp.asarray(x) for x in (mi, li, mt, lt)]
+    s, bb = jnp.float64(10.0), jnp.float64(-10.0)
+    got = {
+        'ppcl': _sharded(functools.partial(losses.ppcl_loss_blockwise,
+                                           axis_name='x'),
+                         mesh, 'x', 4, 2)(*args, s, bb),
+        'siglip': _sharded(functools.partial(losses.siglip_loss_blockwise,
+                                             axis_name='x'),
+                           mesh, 'x', 2, 2)(args[0], args[2], s, bb),
+        'clip': _sharded(functools.partial(losses.clip_loss_blockwise,
+                                           axis_name='x'),
+                         mesh, 'x', 2, 1)(args[0], args[2], s),
+    }
+    prolip, _ = _sharded(
+        lambda a, b, c, d, e, f: losses.prolip_loss_blockwise(
+            GaussianBatch(a, b), GaussianBatch(c, d), e, f, axis_name='x'),
+        mesh, 'x', 4, 2)(*args, s, bb)
+    prolip0, _ = losses.prolip_loss(GaussianBatch(*args[:2]),
+                                    GaussianBatch(*args[2:]), s, bb)
+  want = {'ppcl': ppcl64, 'siglip': _sigmoid_pairs64(10.0 * mi @ mt.T - 10.0),
+          'clip': _clip_ref64(mi, mt, 10.0)[0]}
+  for name, value in got.items():
+    assert value.dtype == jnp.float64, name
+    np.testing.assert_allclose(np.asarray(value), want[name], rtol=1e-12,
+                               err_msg=name)
+  assert prolip.dtype == prolip0.dtype == jnp.float64
+  np.testing.assert_allclose(np.asarray(prolip), np.asarray(prolip0),
+                             rtol=1e-12)
 
 
 def test_mismatched_local_batches_raise():

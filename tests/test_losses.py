@@ -755,3 +755,84 @@ def test_log_inclusion_gradient_matches_finite_difference(eps):
           2.0 * h)
       np.testing.assert_allclose(float(grads[arg][k]), fd, rtol=1e-4,
                                  atol=1e-4, err_msg=f'arg {arg} dim {k}')
+
+
+# --------------------------------------------------------------------------
+# 12. float64 inputs are computed in float64 (promoted, never downcast).
+# --------------------------------------------------------------------------
+
+# float64 arithmetic agrees with the references to ~1e-15 relative; float32
+# arithmetic would be ~1e-7 off, so these fail on any downcast.
+F64_RTOL = 1e-12
+
+
+def _f64_gaussians(seed, n, d):
+  rng = np.random.default_rng(seed)
+  return _normalize(rng.normal(size=(n, d))), rng.uniform(-5.0, 0.0, (n, d))
+
+
+def _assert_f64(got, want, atol=0.0):
+  assert got.dtype == jnp.float64, got.dtype
+  np.testing.assert_allclose(np.asarray(got), want, rtol=F64_RTOL, atol=atol)
+
+
+def test_float64_inputs_give_float64_probabilistic_losses():
+  (mu_i, lv_i), (mu_t, lv_t) = _f64_gaussians(40, 5, 6), _f64_gaussians(41, 5,
+                                                                       6)
+  with jax.enable_x64(True):
+    args = [jnp.asarray(x) for x in (mu_i, lv_i, mu_t, lv_t)]
+    assert args[0].dtype == jnp.float64
+    csd_want = (np.sum((mu_i[:, None] - mu_t[None])**2, -1)
+                + np.exp(lv_i).sum(-1)[:, None] + np.exp(lv_t).sum(-1)[None])
+    _assert_f64(prob.csd(*args), csd_want)
+    _assert_f64(prob.ppcl_loss(*args, 10.0, -10.0),
+                ppcl_ref(mu_i, lv_i, mu_t, lv_t, 10.0, -10.0))
+    for eps in (0.0, -20.0):
+      _assert_f64(prob.log_inclusion(*args, eps=eps),
+                  inc_direct(mu_i, lv_i, mu_t, lv_t, eps), atol=1e-12)
+    _assert_f64(prob.inclusion_loss(*args, c=10.0, eps=0.0),
+                inclusion_loss_ref(mu_i, lv_i, mu_t, lv_t, 10.0, 0.0))
+    _assert_f64(prob.vib_loss(args[0], args[1]), vib_ref(mu_i, lv_i))
+    total, metrics = prob.prolip_loss(
+        prob.GaussianBatch(*args[:2]), prob.GaussianBatch(*args[2:]), 10.0,
+        -10.0, prob.GaussianBatch(args[0][:3], args[1][:3] + 0.5),
+        prob.GaussianBatch(args[2][:3], args[3][:3] + 0.5), c=10.0, eps=0.0)
+    want, terms = _prolip_ref((mu_i, lv_i), (mu_t, lv_t),
+                              (mu_i[:3], lv_i[:3] + 0.5),
+                              (mu_t[:3], lv_t[:3] + 0.5), 10.0, -10.0, 10.0,
+                              0.0)
+    _assert_f64(total, want)
+    for name, value in terms.items():
+      _assert_f64(metrics[name], value)
+
+
+def test_float64_inputs_give_float64_contrastive_losses():
+  img, txt = separated_batch(42, 6, 5)
+  img, txt = _normalize(_f64(img)), _normalize(_f64(txt))
+  with jax.enable_x64(True):
+    i64, t64 = jnp.asarray(img), jnp.asarray(txt)
+    _assert_f64(contrastive.siglip_loss(i64, t64, 10.0, -10.0),
+                pairwise_sigmoid_ref(
+                    lambda i, j: 10.0 * float(img[i] @ txt[j]) - 10.0, 6, 6))
+    value, grads = jax.value_and_grad(contrastive.clip_loss, (0, 1, 2))(
+        i64, t64, jnp.float64(20.0))
+    want, want_grads = clip_ref64(img, txt, 20.0)
+    _assert_f64(value, want)
+    for g, g0 in zip(grads, want_grads):
+      _assert_f64(g, g0, atol=1e-14)
+
+
+def test_bf16_and_float32_inputs_still_compute_in_float32():
+  """Promotion keeps float32 for narrower inputs, with x64 on or off."""
+  mu, lv = (x.astype(np.float32) for x in _f64_gaussians(43, 4, 3))
+  for x64 in (False, True):
+    with jax.enable_x64(x64):
+      for dtype in (jnp.bfloat16, jnp.float16, jnp.float32):
+        args = [jnp.asarray(x, dtype) for x in (mu, lv, mu, lv)]
+        assert prob.ppcl_loss(*args, 10.0, -10.0).dtype == jnp.float32
+        assert prob.log_inclusion(*args).dtype == jnp.float32
+        assert contrastive.clip_loss(args[0], args[2], 5.0).dtype == (
+            jnp.float32)
+      # A NumPy float64 array is float64 only where JAX can hold one.
+      got = prob.csd(_f64(mu), _f64(lv), _f64(mu), _f64(lv)).dtype
+      assert got == (jnp.float64 if x64 else jnp.float32)

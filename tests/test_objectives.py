@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from prolip_jax.applications import pcclip as pcclip_apps
 from prolip_jax.data.transforms import identity_aug_vector
 from prolip_jax.losses import contrastive
 from prolip_jax.losses import otter
@@ -23,6 +24,8 @@ from prolip_jax.losses import pcclip
 from prolip_jax.losses import pcme
 from prolip_jax.losses import uniclip
 from prolip_jax.models import heads
+from prolip_jax.objectives import otter as otter_objective
+from prolip_jax.objectives import uniclip as uniclip_objective
 
 
 def _f64(x):
@@ -315,7 +318,7 @@ def test_ema_update():
              'b': {'c': jnp.full((2,), 2.0, jnp.bfloat16)}}
   student = {'w': jnp.zeros((3,), jnp.float32),
              'b': {'c': jnp.full((2,), 4.0, jnp.bfloat16)}}
-  out = otter.ema_update(teacher, student, decay=0.9)
+  out = otter_objective.ema_update(teacher, student, decay=0.9)
   np.testing.assert_allclose(out['w'], 0.9, rtol=1e-7)
   np.testing.assert_allclose(np.asarray(out['b']['c'], np.float32), 2.2,
                              rtol=1e-2)
@@ -479,7 +482,8 @@ def test_mp_nce_sharded_equals_dense(shape, names, axis_name, dup):
 
 def test_uniclip_weights_and_params():
   assert uniclip.default_weights(3) == pytest.approx((1 / 9, 1 / 6, 1))
-  tau, off = uniclip.uniclip_scalars(uniclip.init_uniclip_params())
+  tau, off = uniclip_objective.uniclip_scalars(
+      uniclip_objective.init_uniclip_params())
   np.testing.assert_allclose(tau, 0.07, rtol=1e-6)
   np.testing.assert_allclose(off, 0.0)
 
@@ -594,16 +598,16 @@ def test_comparative_prompt_formula():
   fa, fb, fba = (rng.normal(size=(3, 8)) for _ in range(3))
   for alpha in (0.9, 0.5, 0.0):
     np.testing.assert_allclose(
-        pcclip.comparative_prompt(fa, fb, fba, alpha),
+        pcclip_apps.comparative_prompt(fa, fb, fba, alpha),
         alpha * fa + (1 - alpha) * (fb - fba), rtol=1e-5, atol=1e-6)
-  out = pcclip.comparative_prompt(fa, fb, fba, 0.7, normalize=True)
+  out = pcclip_apps.comparative_prompt(fa, fb, fba, 0.7, normalize=True)
   np.testing.assert_allclose(np.linalg.norm(out, axis=-1), 1.0, rtol=1e-5)
   # Figure 3: with f_B - f_{B-A} pointing at the true class A, a misaligned
   # f_A is pulled towards it.
   true_a = np.array([1.0, 0.0, 0.0])
   fa, fb = np.array([0.0, 1.0, 0.0]), np.array([0.0, 0.0, 1.0])
   fba = fb - true_a
-  new = np.asarray(pcclip.comparative_prompt(fa, fb, fba, 0.5))
+  new = np.asarray(pcclip_apps.comparative_prompt(fa, fb, fba, 0.5))
   assert new @ true_a > fa @ true_a
 
 
@@ -617,9 +621,72 @@ def test_difference_classify_constructed_case():
   c = rng.uniform(-2, 2, size=20)
   g = base + c[:, None] * u
   i, j = np.arange(0, 20, 2), np.arange(1, 20, 2)
-  pred = np.asarray(pcclip.difference_classify(g[i], g[j], u))
+  pred = np.asarray(pcclip_apps.difference_classify(g[i], g[j], u))
   np.testing.assert_array_equal(pred, c[i] > c[j])
   np.testing.assert_array_equal(
-      np.asarray(pcclip.difference_classify(g[j], g[i], u)), ~pred)
+      np.asarray(pcclip_apps.difference_classify(g[j], g[i], u)), ~pred)
   # Ties (identical images) count as "first has more" (the >= of eq. 2).
-  assert bool(pcclip.difference_classify(g[0], g[0], u))
+  assert bool(pcclip_apps.difference_classify(g[0], g[0], u))
+
+
+# --------------------------------------------------------------------------
+# float64 inputs are computed in float64, dense and on the ring
+# --------------------------------------------------------------------------
+
+# float32 arithmetic would be ~1e-7 off the float64 references.
+F64_RTOL = 1e-11
+
+
+def _assert_f64(got, want):
+  assert got.dtype == jnp.float64, got.dtype
+  np.testing.assert_allclose(np.asarray(got), want, rtol=F64_RTOL)
+
+
+def test_float64_inputs_give_float64_objective_losses():
+  mu_i, lv_i, mu_t, lv_t = _gaussians()
+  views, txt = map(_f64, _uniclip_batch())
+  img, txt_o, img_t, txt_t, lv_img, lv_txt = map(_f64, _otter_batch())
+  gi, gj, ft = (_rand_unit(s, (6, 8)) for s in (61, 62, 63))
+  kw = dict(alpha=0.3, lam=0.15, n_iter=5, gamma_v=0.7, gamma_t=1.2,
+            eta=100.0)
+  with jax.enable_x64(True):
+    _assert_f64(pcme.pcme_pml_loss(*map(jnp.asarray, (mu_i, lv_i, mu_t,
+                                                      lv_t)), 5.0, 5.0),
+                pml_loop(mu_i, lv_i, mu_t, lv_t, 5.0, 5.0))
+    loss, _ = uniclip.mp_nce_loss(jnp.asarray(views), jnp.asarray(txt), TAU,
+                                  OFF)
+    _assert_f64(loss, mp_nce_loop(views, txt, TAU, OFF,
+                                  uniclip.UNICLIP_WEIGHTS))
+    loss, _ = otter.otter_loss(*map(jnp.asarray, (img, txt_o, img_t, txt_t)),
+                               8.0, logvar_img=jnp.asarray(lv_img),
+                               logvar_txt=jnp.asarray(lv_txt), **kw)
+    _assert_f64(loss, otter_np(img, txt_o, img_t, txt_t, 8.0, *kw.values(),
+                               lv_img, lv_txt)[0])
+    x = _unit(gi - gj)
+    logits = 2.0 * x @ ft.T
+    _assert_f64(pcclip.difference_alignment_loss(
+        *map(jnp.asarray, (gi, gj, ft)), 2.0),
+                -0.5 * np.mean(np.diag(_log_softmax(logits, 1))
+                               + np.diag(_log_softmax(logits, 0))))
+
+
+def test_float64_inputs_give_float64_on_the_ring():
+  """The ring's carries and accumulators follow the inputs' dtype."""
+  mu_i, lv_i, mu_t, lv_t = _gaussians(n=16)
+  img, txt, img_t, txt_t, _, _ = map(_f64, _otter_batch())
+  kw = dict(alpha=0.3, lam=0.15, n_iter=2, gamma_v=0.7, gamma_t=1.2,
+            eta=100.0)
+  mesh = _mesh((2,), ('x',))
+  with jax.enable_x64(True):
+    pml = jax.jit(jax.shard_map(
+        functools.partial(pcme.pcme_pml_loss_blockwise, axis_name='x'),
+        mesh=mesh, in_specs=(P('x'),) * 4 + (P(), P()), out_specs=P()))
+    _assert_f64(pml(*map(jnp.asarray, (mu_i, lv_i, mu_t, lv_t)),
+                    jnp.float64(5.0), jnp.float64(5.0)),
+                pml_loop(mu_i, lv_i, mu_t, lv_t, 5.0, 5.0))
+    ott = jax.jit(jax.shard_map(
+        lambda *a: otter.otter_loss_blockwise(*a, axis_name='x', **kw)[0],
+        mesh=mesh, in_specs=(P('x'),) * 4 + (P(),), out_specs=P()))
+    _assert_f64(ott(*map(jnp.asarray, (img, txt, img_t, txt_t)),
+                    jnp.float64(8.0)),
+                otter_np(img, txt, img_t, txt_t, 8.0, *kw.values())[0])

@@ -6,4 +6,6 @@
   image's nearest caption.
 * ``filtering``: uncertainty-aware image-text pair filtering by CSD, with a
   jitted, batch-sharded scoring function.
+* ``pcclip``: PC-CLIP's difference-based classification (eq. 2) and
+  comparative prompting (eq. 3).
 """

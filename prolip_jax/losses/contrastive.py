@@ -2,7 +2,16 @@
 
 Same conventions as ``ppcl_loss``: row i of the images is paired with row i of
 the texts, ``scale`` is the temperature multiplier itself (the model stores its
-log), inputs are ``(n, d)`` L2-normalised embeddings, arithmetic in float32.
+log), inputs are ``(n, d)`` L2-normalised embeddings, arithmetic in
+``probabilistic.compute_dtype`` (float32, or float64 for float64 inputs; where
+a docstring says float32, float64 inputs give float64).
+
+Each loss has a dense form and a blockwise form for a batch sharded over the
+devices of ``axis_name`` (called inside ``shard_map``; the loss of the global
+batch on every device, on the device ring of ``prolip_jax.losses.ring``):
+
+  siglip_loss_blockwise == siglip_loss  (SigLIP eq. 1, bidirectional ring)
+  clip_loss_blockwise   == clip_loss    (two one-way rings, online logsumexp)
 """
 
 from __future__ import annotations
@@ -10,22 +19,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.losses import ring
+from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_blockwise
 from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
+from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
 
 
 def unit_rows(x: Array) -> Array:
   """``x / ||x||`` along the last axis in float32 (a zero row stays zero)."""
-  x = jnp.asarray(x, jnp.float32)
+  (x,) = to_compute_dtype(x)
   return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def siglip_logits(emb_img: Array, emb_txt: Array, scale: Array,
                   bias: Array) -> Array:
   """``(n, m)`` logits ``scale * img @ txt.T + bias`` in float32."""
-  emb_img = jnp.asarray(emb_img, jnp.float32)
-  emb_txt = jnp.asarray(emb_txt, jnp.float32)
+  emb_img, emb_txt = to_compute_dtype(emb_img, emb_txt)
   return scale * (emb_img @ emb_txt.T) + bias
 
 
@@ -45,6 +56,29 @@ def siglip_loss(emb_img: Array, emb_txt: Array, scale: Array,
   """
   logits = siglip_logits(emb_img, emb_txt, scale, bias)
   return sigmoid_pairwise_loss_sum(logits) / logits.shape[0]
+
+
+def siglip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
+                          bias: Array, axis_name: ring.AxisName) -> Array:
+  """SigLIP's sigmoid loss (Zhai et al. 2023, eq. 1) of the global batch.
+
+  Call inside ``shard_map``. Equals ``siglip_loss`` on the gathered batch:
+  ``-(1/B) sum_{i,j} log sigmoid(y_ij (t x_i . y_j + b))``. ``emb_txt``
+  travels the bidirectional device ring (``ring.ring_sum``, SigLIP's
+  "chunked" loss of section 3.3); per-device logits memory is
+  O(b_local^2).
+
+  Args:
+    emb_img, emb_txt: ``(b_local, d)`` local, row-aligned, L2-normalised.
+    scale: ``t``, bias: ``b``; replicated scalars.
+    axis_name: mesh axis name, or tuple of names, the batch is sharded over.
+
+  Returns:
+    scalar float32 loss of the global batch, the same on every device.
+  """
+  return sigmoid_pairwise_loss_blockwise(
+      lambda img, txt: siglip_logits(img, txt, scale, bias), emb_img, emb_txt,
+      axis_name)
 
 
 def infonce_terms(lse_negatives: Array, positive: Array) -> Array:
@@ -99,3 +133,54 @@ def clip_loss(emb_img: Array, emb_txt: Array, scale: Array) -> Array:
   i2t = infonce_terms(jax.nn.logsumexp(negatives, axis=1), diag)
   t2i = infonce_terms(jax.nn.logsumexp(negatives, axis=0), diag)
   return 0.5 * (jnp.mean(i2t) + jnp.mean(t2i))
+
+
+def clip_loss_blockwise(emb_img: Array, emb_txt: Array, scale: Array,
+                        axis_name: ring.AxisName) -> Array:
+  """``clip_loss`` of the global batch from this device's shard.
+
+  CLIP's symmetric InfoNCE needs, per row, a logsumexp over the B - 1
+  negatives in each direction; each row's term is then
+  ``softplus(lse_negatives - positive)`` (``infonce_terms``: no cancellation
+  when the positive dominates, unlike logsumexp over all B minus the
+  positive). Two one-way ring passes (``ring.ring_fold``) fold that
+  logsumexp online, one ``b_local x b_local`` block of logits at a time:
+  texts travel past the local images (image-to-text), then images past the
+  local texts (text-to-image); the positives are the own block's diagonal,
+  masked out of the logsumexp there. Memory per device is O(b_local^2) for
+  logits, as for the sigmoid losses; each pass is N - 1 hops (one
+  direction: a running logsumexp cannot merge the two ends of a
+  bidirectional ring any cheaper).
+
+  Args:
+    emb_img, emb_txt: ``(b_local, d)`` local shards of the L2-normalised
+      embeddings, row-aligned.
+    scale: the inverse temperature, replicated.
+    axis_name: mesh axis name, or tuple of names, the batch is sharded over.
+
+  Returns:
+    scalar float32 loss of the global batch, identical on every device.
+  """
+  axis_name = ring.hashable_axis(axis_name)
+  emb_img, emb_txt = to_compute_dtype(emb_img, emb_txt)
+  b = emb_img.shape[0]
+  neg_inf = jnp.full((b,), -jnp.inf, emb_img.dtype)
+  zeros = jnp.zeros((b,), emb_img.dtype)
+
+  def direction(rows, cols):
+    def fold(acc, blk, is_own):
+      lse, diag = acc
+      logits = scale * (rows @ blk.T)
+      if is_own:
+        # The positives leave the logsumexp, which runs over negatives only.
+        # With b_local == 1 the own block has none: its logsumexp is -inf
+        # (and B == 1 leaves it so: softplus(-inf) == 0, zero gradients).
+        diag = diag + jnp.diagonal(logits)
+        logits = jnp.where(jnp.eye(*logits.shape, dtype=bool), -jnp.inf,
+                           logits)
+      return jnp.logaddexp(lse, jax.nn.logsumexp(logits, axis=1)), diag
+    lse, diag = ring.ring_fold(fold, cols, (neg_inf, zeros), axis_name)
+    return jnp.sum(infonce_terms(lse, diag))
+
+  total = direction(emb_img, emb_txt) + direction(emb_txt, emb_img)
+  return 0.5 * jax.lax.psum(total, axis_name) / (b * ring.axis_size(axis_name))

@@ -27,35 +27,37 @@ iterations, eta "a large constant, e.g., 100", EMA decay 0.999.
 
 Both a dense form (one device holds the batch) and a blockwise form (inside
 ``shard_map``; never more than one ``b_local x b_local`` block of any B x B
-matrix per device) are provided; see ``otter_loss_blockwise``.
+matrix per device, on the device ring of ``prolip_jax.losses.ring``) are
+provided; see ``otter_loss_blockwise``. The EMA teacher itself (section 3.4)
+is the objective's: ``prolip_jax.objectives.otter.ema_update``.
+
+Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
+float32, float64 inputs give float64.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Union
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from prolip_jax.losses.blockwise import hashable_axis
-from prolip_jax.losses.blockwise import ring_fold as _ring_fold
-from prolip_jax.losses.blockwise import varying as _varying
+from prolip_jax.losses import ring
 from prolip_jax.losses.probabilistic import ppcl_logits
-from prolip_jax.losses.probabilistic import to_float32
+from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
-AxisName = Union[str, Sequence[str]]
 
 # Paper defaults (section 4 / Algorithm 1).
 OTTER_ALPHA = 0.5
 OTTER_LAMBDA = 0.15
 OTTER_ITERS = 5
 OTTER_ETA = 100.0
-OTTER_EMA_DECAY = 0.999
+OTTER_EMA_DECAY = 0.999  # of the teacher (objectives.otter.ema_update)
 
 __all__ = ['sinkhorn', 'otter_similarity', 'otter_targets', 'otter_loss',
-           'otter_loss_blockwise', 'ema_update']
+           'otter_loss_blockwise']
 
 
 def _lse(x, axis=None, keepdims=False):
@@ -69,7 +71,7 @@ def _lse(x, axis=None, keepdims=False):
 def log_sinkhorn(S: Array, lam: float = OTTER_LAMBDA,
                  n_iter: int = OTTER_ITERS) -> Array:
   """Log of ``sinkhorn(S, lam, n_iter)``; see there. ``(N, N)`` float32."""
-  (S,) = to_float32(S)
+  (S,) = to_compute_dtype(S)
   n = S.shape[0]
   log_n = math.log(n)
   # T = exp(S / lambda); T = T / T.sum()
@@ -142,7 +144,7 @@ def otter_similarity(img_t: Array, txt_t: Array, gamma_v: float = 1.0,
   Returns:
     two ``(N, N)`` float32 matrices.
   """
-  img_t, txt_t = to_float32(img_t, txt_t)
+  img_t, txt_t = to_compute_dtype(img_t, txt_t)
   sim_vv = img_t @ img_t.T
   sim_tt = txt_t @ txt_t.T
   sim_vt = img_t @ txt_t.T
@@ -174,7 +176,7 @@ def otter_targets(img_t: Array, txt_t: Array, lam: float = OTTER_LAMBDA,
   Returns:
     ``(M_v, M_t)``, each ``(N, N)`` float32.
   """
-  img_t, txt_t = jax.lax.stop_gradient(to_float32(img_t, txt_t))
+  img_t, txt_t = jax.lax.stop_gradient(to_compute_dtype(img_t, txt_t))
   s_v, s_t = otter_similarity(img_t, txt_t, gamma_v, gamma_t, eta)
   eye = jnp.eye(s_v.shape[0], dtype=bool)
   m_v = jnp.where(eye, 0.0, sinkhorn(s_v, lam, n_iter))
@@ -191,7 +193,7 @@ def _student_logits(img, txt, scale, logvar_img, logvar_txt):
   if (logvar_img is None) != (logvar_txt is None):
     raise ValueError('give both logvar_img and logvar_txt, or neither')
   if logvar_img is None:
-    img, txt = to_float32(img, txt)
+    img, txt = to_compute_dtype(img, txt)
     return scale * (img @ txt.T)
   return ppcl_logits(img, logvar_img, txt, logvar_txt, scale, 0.0)
 
@@ -240,24 +242,13 @@ def otter_loss(img: Array, txt: Array, img_t: Array, txt_t: Array,
   """
   logits = _student_logits(img, txt, scale, logvar_img, logvar_txt)
   m_v, m_t = otter_targets(img_t, txt_t, lam, n_iter, gamma_v, gamma_t, eta)
-  eye = jnp.eye(logits.shape[0], dtype=jnp.float32)
+  eye = jnp.eye(logits.shape[0], dtype=logits.dtype)
   infonce = (jnp.mean(_soft_ce_rows(logits, eye))
              + jnp.mean(_soft_ce_rows(logits.T, eye)))
   distill = (jnp.mean(_soft_ce_rows(logits, m_v))
              + jnp.mean(_soft_ce_rows(logits.T, m_t)))
   loss = alpha * infonce + (1.0 - alpha) * distill
   return loss, {'loss': loss, 'infonce': infonce, 'otter_distill': distill}
-
-
-def ema_update(teacher_params: Any, student_params: Any,
-               decay: float = OTTER_EMA_DECAY) -> Any:
-  """theta~ <- m theta~ + (1 - m) theta (section 3.4), leaf by leaf.
-
-  Keeps each teacher leaf's dtype. Pytrees must have the same structure.
-  """
-  return jax.tree.map(
-      lambda t, s: (decay * t + (1.0 - decay) * s).astype(jnp.asarray(t).dtype),
-      teacher_params, student_params)
 
 
 # ----------------------------------------------------------------------------
@@ -303,13 +294,14 @@ def _direction_blockwise(stu_row, stu_col, logits_fn, tea_row, tea_other,
   the InfoNCE and the distillation cross-entropies.
   """
   b = tea_row.shape[0]
-  n_dev = int(jax.lax.axis_size(axis_name))
+  n_dev = ring.axis_size(axis_name)
   log_n = math.log(b * n_dev)
   # This device's samples are both its rows and its columns of S.
   a_loc = jax.lax.stop_gradient(_row_features(tea_row, tea_other))
   c_loc = jax.lax.stop_gradient(
       _col_features(tea_row, tea_other, gamma_row, gamma_col))
-  neg_inf = jnp.full((b,), -jnp.inf, jnp.float32)
+  dtype = tea_row.dtype
+  neg_inf = jnp.full((b,), -jnp.inf, dtype)
 
   def row_lse(g):
     """lse_j (S_ij / lam + g_j) for the local rows i; g over columns."""
@@ -317,7 +309,7 @@ def _direction_blockwise(stu_row, stu_col, logits_fn, tea_row, tea_other,
       c, g_blk = blk
       s = _s_block(a_loc, c, is_own, eta) / lam + g_blk[None, :]
       return jnp.logaddexp(acc, _lse(s, 1))
-    return _ring_fold(fn, (c_loc, g), neg_inf, axis_name)
+    return ring.ring_fold(fn, (c_loc, g), neg_inf, axis_name)
 
   def col_lse(f):
     """lse_i (S_ij / lam + f_i) for the local columns j; f over rows."""
@@ -325,7 +317,7 @@ def _direction_blockwise(stu_row, stu_col, logits_fn, tea_row, tea_other,
       a, f_blk = blk
       s = _s_block(a, c_loc, is_own, eta) / lam + f_blk[:, None]
       return jnp.logaddexp(acc, _lse(s, 0))
-    return _ring_fold(fn, (a_loc, f), neg_inf, axis_name)
+    return ring.ring_fold(fn, (a_loc, f), neg_inf, axis_name)
 
   # Algorithm 2 as potentials: log T_ij = S_ij / lam + f_i + g_j. The global
   # normalisation T /= T.sum() only shifts f and is undone exactly by the
@@ -335,7 +327,7 @@ def _direction_blockwise(stu_row, stu_col, logits_fn, tea_row, tea_other,
     return -(col_lse(f) + log_n)  # T /= T.sum(0) * N
 
   g = jax.lax.fori_loop(0, n_iter, sinkhorn_iter,
-                        _varying(jnp.zeros((b,), jnp.float32), axis_name))
+                        ring.varying(jnp.zeros((b,), dtype), axis_name))
   f = -row_lse(g)  # final row normalisation: rows of M sum to 1
 
   # Loss pass: per row, lse of the student logits, sum_j M_ij logit_ij,
@@ -354,8 +346,8 @@ def _direction_blockwise(stu_row, stu_col, logits_fn, tea_row, tea_other,
     return (jnp.logaddexp(lse_acc, _lse(logits, 1)),
             m_logit + jnp.sum(m * logits, 1), m_sum + jnp.sum(m, 1), diag)
 
-  zeros = jnp.zeros((b,), jnp.float32)
-  lse, m_logit, m_sum, diag = _ring_fold(
+  zeros = jnp.zeros((b,), dtype)
+  lse, m_logit, m_sum, diag = ring.ring_fold(
       loss_fn, (stu_col, c_loc, g), (neg_inf, zeros, zeros, zeros),
       axis_name)
   infonce = jnp.sum(lse - diag)
@@ -364,7 +356,7 @@ def _direction_blockwise(stu_row, stu_col, logits_fn, tea_row, tea_other,
 
 
 def otter_loss_blockwise(img: Array, txt: Array, img_t: Array, txt_t: Array,
-                         scale: Array, axis_name: AxisName,
+                         scale: Array, axis_name: ring.AxisName,
                          alpha: float = OTTER_ALPHA,
                          lam: float = OTTER_LAMBDA,
                          n_iter: int = OTTER_ITERS, gamma_v: float = 1.0,
@@ -408,7 +400,7 @@ def otter_loss_blockwise(img: Array, txt: Array, img_t: Array, txt_t: Array,
   towers.
 
   Gradients flow to the student arrays and ``scale`` (through ``ppermute``
-  and the final ``psum``, as in ``blockwise``); the targets are constants.
+  and the final ``psum``, see ``ring``); the targets are constants.
 
   Args:
     img, txt, img_t, txt_t: ``(b_local, d)`` local shards (see otter_loss).
@@ -420,18 +412,18 @@ def otter_loss_blockwise(img: Array, txt: Array, img_t: Array, txt_t: Array,
   Returns:
     ``(loss, metrics)`` of the global batch, identical on every device.
   """
-  axis_name = hashable_axis(axis_name)
+  axis_name = ring.hashable_axis(axis_name)
   if (logvar_img is None) != (logvar_txt is None):
     raise ValueError('give both logvar_img and logvar_txt, or neither')
   b = img.shape[0]
-  n_dev = int(jax.lax.axis_size(axis_name))
-  img_t, txt_t = jax.lax.stop_gradient(to_float32(img_t, txt_t))
+  n_dev = ring.axis_size(axis_name)
+  img_t, txt_t = jax.lax.stop_gradient(to_compute_dtype(img_t, txt_t))
   if logvar_img is None:
-    stu_img, stu_txt = to_float32(img, txt)
+    stu_img, stu_txt = to_compute_dtype(img, txt)
     logits_fn = lambda rows, cols: scale * (rows @ cols.T)
   else:
-    stu_img = to_float32(img, logvar_img)
-    stu_txt = to_float32(txt, logvar_txt)
+    stu_img = to_compute_dtype(img, logvar_img)
+    stu_txt = to_compute_dtype(txt, logvar_txt)
     logits_fn = lambda rows, cols: ppcl_logits(rows[0], rows[1], cols[0],
                                                cols[1], scale, 0.0)
   common = dict(lam=lam, n_iter=n_iter, eta=eta, axis_name=axis_name)

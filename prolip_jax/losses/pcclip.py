@@ -15,7 +15,11 @@ g is the image encoder, f the text encoder (L2-normalised outputs).
 
 The paper generates T_ij with an LLM from caption pairs. Here they are built
 from structured attributes instead, by ``prolip_jax.data.pairs`` (the data
-side; this module only holds the objective and eq. 2-3).
+side). This module holds the objective (eq. 1, 4, 5) only; eq. 2 and eq. 3
+use a trained model and live in ``prolip_jax.applications.pcclip``.
+
+Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
+float32, float64 inputs give float64.
 """
 
 from __future__ import annotations
@@ -26,15 +30,15 @@ import jax
 import jax.numpy as jnp
 
 from prolip_jax.losses.contrastive import clip_loss
+from prolip_jax.losses.contrastive import clip_loss_blockwise
 from prolip_jax.losses.contrastive import unit_rows
+from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
 
 PCCLIP_TAU = 1.0  # appendix C.1: temperature of the contrastive loss
-PCCLIP_ALPHA = 0.9  # appendix C.1: comparative prompting weight reported
 
-__all__ = ['difference_alignment_loss', 'difference_classify',
-           'comparative_prompt']
+__all__ = ['difference_alignment_loss']
 
 
 def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
@@ -68,8 +72,8 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
   Returns:
     scalar float32 loss.
   """
-  x = jnp.asarray(img_i_emb, jnp.float32) - jnp.asarray(img_j_emb,
-                                                       jnp.float32)
+  img_i_emb, img_j_emb = to_compute_dtype(img_i_emb, img_j_emb)
+  x = img_i_emb - img_j_emb
   if normalize:
     x = unit_rows(x)
   y = unit_rows(diff_txt_emb)
@@ -78,48 +82,4 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
     return loss if axis_name is None else jax.lax.pmean(loss, axis_name)
   if axis_name is None:
     return clip_loss(x, y, scale)
-  from prolip_jax.losses.blockwise import clip_loss_blockwise  # pylint: disable=g-import-not-at-top
   return clip_loss_blockwise(x, y, scale, axis_name)
-
-
-def difference_classify(img_i_emb: Array, img_j_emb: Array,
-                        attr_txt_emb: Array) -> Array:
-  """Eq. 2: does image i have more of the attribute than image j?
-
-  1{ (g(I_i) - g(I_j)) . f(T) >= (g(I_j) - g(I_i)) . f(T) }, equivalently
-  (g(I_i) - g(I_j)) . f(T) >= 0. ``T`` is phrased about the FIRST image
-  ("the first image is larger"); True predicts that image i is the one.
-
-  Args:
-    img_i_emb, img_j_emb: ``(..., d)`` image embeddings.
-    attr_txt_emb: ``(..., d)`` attribute text embeddings (broadcastable, e.g.
-      one ``(d,)`` prompt for every pair).
-
-  Returns:
-    bool array of the broadcast batch shape.
-  """
-  gi, gj, f = (jnp.asarray(x, jnp.float32) for x in (img_i_emb, img_j_emb,
-                                                     attr_txt_emb))
-  return jnp.sum((gi - gj) * f, -1) >= jnp.sum((gj - gi) * f, -1)
-
-
-def comparative_prompt(f_a: Array, f_b: Array, f_b_minus_a: Array,
-                       alpha: float = PCCLIP_ALPHA,
-                       normalize: bool = False) -> Array:
-  """Eq. 3: f'_A = alpha f_A + (1 - alpha)(f_B - f_{B-A}).
-
-  Args:
-    f_a, f_b: ``(..., d)`` class-prompt text embeddings of classes A and B.
-    f_b_minus_a: ``(..., d)`` embedding of the text describing how B differs
-      from A.
-    alpha: reliance on the original prompt (paper reports 0.9).
-    normalize: L2-normalise the result (the paper does not; cosine-based
-      zero-shot classification is unaffected either way).
-
-  Returns:
-    the updated class prompt embedding, ``(..., d)`` float32.
-  """
-  f_a, f_b, f_ba = (jnp.asarray(x, jnp.float32) for x in (f_a, f_b,
-                                                          f_b_minus_a))
-  out = alpha * f_a + (1.0 - alpha) * (f_b - f_ba)
-  return unit_rows(out) if normalize else out

@@ -21,21 +21,25 @@ itself. Release initial values: a = 5, b = 5 (``PCME_SCALE_INIT``,
 ``PCME_BIAS_INIT``). The release's optional extras (pseudo-positives via
 ``smoothness_alpha``, Mixup/CutMix, VIB) are not included here; VIB is
 ``vib_loss``.
+
+Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
+float32, float64 inputs give float64.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from prolip_jax.losses import blockwise
+from prolip_jax.losses import ring
 from prolip_jax.losses.probabilistic import csd
+from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_blockwise
 from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
+from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
-AxisName = Union[str, Sequence[str]]
 
 PCME_SCALE_INIT = 5.0  # a ("negative_scale" in the release)
 PCME_BIAS_INIT = 5.0  # b ("shift" in the release)
@@ -77,7 +81,7 @@ def pcme_pml_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
                            bias)
   if matched is None:
     return sigmoid_pairwise_loss_sum(logits) / logits.size
-  y = jnp.asarray(matched, jnp.float32)
+  logits, y = to_compute_dtype(logits, matched)
   bce = -(y * jax.nn.log_sigmoid(logits)
           + (1.0 - y) * jax.nn.log_sigmoid(-logits))
   return jnp.mean(bce)
@@ -85,7 +89,7 @@ def pcme_pml_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
 
 def pcme_pml_loss_blockwise(mu_img: Array, logvar_img: Array, mu_txt: Array,
                             logvar_txt: Array, scale: Array, bias: Array,
-                            axis_name: AxisName) -> Array:
+                            axis_name: ring.AxisName) -> Array:
   """``pcme_pml_loss`` (diagonal positives) of the global batch, from shards.
 
   Call inside ``shard_map``; same ring as ``ppcl_loss_blockwise`` (texts
@@ -101,11 +105,10 @@ def pcme_pml_loss_blockwise(mu_img: Array, logvar_img: Array, mu_txt: Array,
   Returns:
     scalar float32 loss of the global batch, the same on every device.
   """
-  # pylint: disable=protected-access
-  axis_name = blockwise.hashable_axis(axis_name)
-  per_image = blockwise._ring_sigmoid_loss(
+  axis_name = ring.hashable_axis(axis_name)
+  per_image = sigmoid_pairwise_loss_blockwise(
       lambda img, txt: pcme_pml_logits(img[0], img[1], txt[0], txt[1], scale,
                                        bias),
       (mu_img, logvar_img), (mu_txt, logvar_txt), axis_name)
-  total = mu_img.shape[0] * blockwise._axis_size(axis_name)
-  return per_image / total
+  # The per-image sum over B texts, divided by B again: the mean over pairs.
+  return per_image / (mu_img.shape[0] * ring.axis_size(axis_name))

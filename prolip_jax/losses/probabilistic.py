@@ -2,21 +2,32 @@
 
 Notation follows the ProLIP paper (Chun et al., ICLR 2025). Every embedding is a
 diagonal Gaussian N(mu, diag(sigma^2)) given as ``mu`` (L2-normalised) and
-``logvar = log sigma^2``, both shaped ``(batch, dim)``. All arithmetic runs in
-float32 whatever the input dtype, because bf16 variances around exp(-10) lose
-every significant digit.
+``logvar = log sigma^2``, both shaped ``(batch, dim)``. Arithmetic runs in
+at least float32 (``compute_dtype``): bf16 and float16 inputs are promoted,
+because bf16 variances around exp(-10) lose every significant digit; float64
+inputs (under ``jax_enable_x64``) stay float64. Nothing is ever downcast;
+where a docstring below says float32, float64 inputs give float64.
 
-Nothing here knows about devices: the cross-device (blockwise) forms live in
-``prolip_jax.losses.blockwise`` and reuse these functions on local blocks.
+Each loss that couples the pairs of a batch has a dense form (one device
+holds the batch) and a blockwise form (``*_blockwise``: called inside
+``shard_map`` on a device's local shard, it returns the loss of the global
+batch, identical on every device and equal to the dense form on the gathered
+batch up to summation order). The blockwise forms run on the device ring of
+``prolip_jax.losses.ring`` and reuse the dense functions on local blocks:
+
+  ppcl_loss_blockwise   == ppcl_loss    (eq. 2, logits of appendix A.1)
+  prolip_loss_blockwise == prolip_loss  (eq. 6)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+
+from prolip_jax.losses import ring
 
 Array = jax.Array
 
@@ -36,9 +47,28 @@ VIB_GUARD = 1e4
 INCLUSION_GUARD = 1e5
 
 
-def to_float32(*xs) -> tuple[Array, ...]:
-  """Each argument as a float32 array (the loss modules' arithmetic dtype)."""
-  return tuple(jnp.asarray(x, jnp.float32) for x in xs)
+def compute_dtype(*xs) -> jnp.dtype:
+  """The arithmetic dtype of the loss modules for inputs ``xs``.
+
+  ``jnp.promote_types`` of float32 and every array's dtype: float32 for
+  bf16, float16, float32 (and integer or boolean) inputs, float64 when an
+  input is float64 (only possible under ``jax_enable_x64``). Python numbers
+  and lists carry no dtype of their own and count as float32.
+  """
+  dtype = jnp.dtype(jnp.float32)
+  for x in xs:
+    if hasattr(x, 'dtype'):
+      dtype = jnp.promote_types(dtype, x.dtype)
+  # A NumPy float64 array without x64 is computed in float32, as JAX would
+  # store it (and without asarray's truncation warning).
+  return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def to_compute_dtype(*xs) -> tuple[Array, ...]:
+  """Each argument as an array of ``compute_dtype(*xs)``: promoted, never
+  downcast, so a float64 caller gets float64 arithmetic."""
+  dtype = compute_dtype(*xs)
+  return tuple(jnp.asarray(x, dtype) for x in xs)
 
 
 def csd(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array) -> Array:
@@ -53,7 +83,7 @@ def csd(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array) -> Array:
   Returns:
     ``(n, m)`` float32 matrix of distances.
   """
-  mu1, logvar1, mu2, logvar2 = to_float32(mu1, logvar1, mu2, logvar2)
+  mu1, logvar1, mu2, logvar2 = to_compute_dtype(mu1, logvar1, mu2, logvar2)
   sq = (jnp.sum(mu1**2, -1)[:, None] + jnp.sum(mu2**2, -1)[None, :]
         - 2.0 * mu1 @ mu2.T)
   tr1 = jnp.sum(jnp.exp(logvar1), -1)
@@ -77,7 +107,7 @@ def ppcl_logits(mu_img: Array, logvar_img: Array, mu_txt: Array,
   Returns:
     ``(n, m)`` float32 logits.
   """
-  mu_img, logvar_img, mu_txt, logvar_txt = to_float32(
+  mu_img, logvar_img, mu_txt, logvar_txt = to_compute_dtype(
       mu_img, logvar_img, mu_txt, logvar_txt)
   half_tr_img = 0.5 * jnp.sum(jnp.exp(logvar_img), -1)
   half_tr_txt = 0.5 * jnp.sum(jnp.exp(logvar_txt), -1)
@@ -101,6 +131,40 @@ def sigmoid_pairwise_loss_sum(logits: Array, positives_on_diagonal: bool = True
   return -jnp.sum(jax.nn.log_sigmoid(labels * logits))
 
 
+def sigmoid_pairwise_loss_blockwise(logits_fn: Callable[[Any, Any], Array],
+                                    img: Any, txt: Any,
+                                    axis_name: ring.AxisName) -> Array:
+  """Global ``sigmoid_pairwise_loss_sum / B`` from local row-aligned blocks.
+
+  Call inside ``shard_map``. ``img`` and ``txt`` are this device's blocks,
+  pytrees of ``(b_local, ...)`` arrays (e.g. ``(mu, logvar)``); the text
+  blocks travel the bidirectional ring (``ring.ring_sum``) and
+  ``logits_fn(img, txt_block)`` scores one ``(b_local, b_local)`` block at a
+  time, the own block's diagonal being the positives. Returns the sum over
+  all B x B pairs of ``-log sigmoid(y_ij * logit_ij)`` divided by B (per
+  image, as ``ppcl_loss``), identical on every device.
+  """
+  axis_name = ring.hashable_axis(axis_name)
+  b_img = jax.tree.leaves(img)[0].shape[0]
+  b_txt = jax.tree.leaves(txt)[0].shape[0]
+  if b_img != b_txt:
+    raise ValueError(f'local image and text batches differ: {b_img} images, '
+                     f'{b_txt} texts; pairs must be row-aligned per device')
+
+  def block(txt_block, is_own):
+    # is_own may be traced, so the own block's positives are expressed by
+    # negating its diagonal logits and scoring every pair as a negative:
+    # -log sigmoid(-(-z)) is -log sigmoid(z) bit for bit, as in
+    # sigmoid_pairwise_loss_sum(..., positives_on_diagonal=True).
+    logits = logits_fn(img, txt_block)
+    own_diagonal = jnp.eye(*logits.shape, dtype=bool) & is_own
+    logits = jnp.where(own_diagonal, -logits, logits)
+    return sigmoid_pairwise_loss_sum(logits, positives_on_diagonal=False)
+
+  local = ring.ring_sum(block, txt, axis_name)
+  return jax.lax.psum(local, axis_name) / (b_img * ring.axis_size(axis_name))
+
+
 def ppcl_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
               logvar_txt: Array, scale: Array, bias: Array) -> Array:
   """Probabilistic pairwise contrastive loss, PPCL (paper eq. 2).
@@ -120,6 +184,37 @@ def ppcl_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
   """
   logits = ppcl_logits(mu_img, logvar_img, mu_txt, logvar_txt, scale, bias)
   return sigmoid_pairwise_loss_sum(logits) / logits.shape[0]
+
+
+def ppcl_loss_blockwise(mu_img: Array, logvar_img: Array, mu_txt: Array,
+                        logvar_txt: Array, scale: Array, bias: Array,
+                        axis_name: ring.AxisName) -> Array:
+  """PPCL (eq. 2) of the global batch, from this device's shard.
+
+  Call inside ``shard_map``. Equals ``ppcl_loss`` on the batch gathered over
+  ``axis_name``: ``-(1/B) sum_{i,j} log sigmoid(y_ij * logit_ij)`` with the
+  CSD logits ``a * (mu_i^T mu_j - 1/2 tr(Sigma_i + Sigma_j)) + b`` of
+  ``ppcl_logits`` (appendix A.1), pair (i, i) positive.
+
+  ``mu_txt`` and ``logvar_txt`` travel the bidirectional device ring
+  (``ring.ring_sum``) in their input dtype; logits are float32 and at most
+  one ``b_local x b_local`` block of them is alive per device (forward and
+  backward), against ``b_local x B`` for the all-gather form.
+
+  Args:
+    mu_img, logvar_img, mu_txt, logvar_txt: ``(b_local, d)`` local shards;
+      local row i of the images pairs with local row i of the texts.
+    scale: ``a`` itself (not its log), a scalar replicated over the axis.
+    bias: ``b``, a replicated scalar.
+    axis_name: mesh axis name, or tuple of names, the batch is sharded over.
+
+  Returns:
+    scalar float32 loss of the global batch, the same on every device.
+  """
+  return sigmoid_pairwise_loss_blockwise(
+      lambda img, txt: ppcl_logits(img[0], img[1], txt[0], txt[1], scale,
+                                   bias),
+      (mu_img, logvar_img), (mu_txt, logvar_txt), axis_name)
 
 
 def log_inclusion(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array,
@@ -147,7 +242,7 @@ def log_inclusion(mu1: Array, logvar1: Array, mu2: Array, logvar2: Array,
   Returns:
     float32 array of the broadcast shape: one value per dimension.
   """
-  mu1, logvar1, mu2, logvar2 = to_float32(mu1, logvar1, mu2, logvar2)
+  mu1, logvar1, mu2, logvar2 = to_compute_dtype(mu1, logvar1, mu2, logvar2)
   log_a = eps + jnp.logaddexp(-logvar1, -logvar2 - _LOG2)
   quad = (mu1 - mu2)**2 * jnp.exp(eps - jnp.logaddexp(logvar1,
                                                       logvar2 + _LOG2))
@@ -169,7 +264,7 @@ def log_inclusion_exact(mu1: Array, logvar1: Array, mu2: Array,
     float32 array, one value per dimension; summing over d gives the log of
     the d-dimensional integral for diagonal Gaussians.
   """
-  mu1, logvar1, mu2, logvar2 = to_float32(mu1, logvar1, mu2, logvar2)
+  mu1, logvar1, mu2, logvar2 = to_compute_dtype(mu1, logvar1, mu2, logvar2)
   log_a = jnp.logaddexp(-logvar1, -logvar2 - _LOG2)
   quad = (mu1 - mu2)**2 * jnp.exp(-jnp.logaddexp(logvar1, logvar2 + _LOG2))
   return (-logvar1 - 0.5 * logvar2 - 0.5 * log_a - quad
@@ -232,7 +327,7 @@ def vib_loss(mu: Array, logvar: Array, release_quirk: bool = False) -> Array:
   Returns:
     scalar float32 loss.
   """
-  mu, logvar = to_float32(mu, logvar)
+  mu, logvar = to_compute_dtype(mu, logvar)
   lv = 0.5 * logvar if release_quirk else logvar
   return jnp.mean(-0.5 * (1.0 + lv - mu**2 - jnp.exp(lv)))
 
@@ -345,5 +440,59 @@ def prolip_loss(img: GaussianBatch, txt: GaussianBatch, scale: Array,
   terms.update(prolip_regularizers(img, txt, img_masked, txt_masked, c=c,
                                    eps=eps,
                                    vib_release_quirk=vib_release_quirk))
+  return combine_prolip_terms(terms, alpha1=alpha1, alpha2=alpha2, beta=beta,
+                              guard=guard)
+
+
+def prolip_loss_blockwise(img: GaussianBatch, txt: GaussianBatch,
+                          scale: Array, bias: Array,
+                          img_masked: Optional[GaussianBatch] = None,
+                          txt_masked: Optional[GaussianBatch] = None, *,
+                          axis_name: ring.AxisName, alpha1: float = ALPHA1,
+                          alpha2: float = ALPHA2, beta: float = BETA,
+                          c: float = INCLUSION_C, eps: float = INCLUSION_EPS,
+                          vib_release_quirk: bool = False, guard: bool = True
+                          ) -> tuple[Array, dict[str, Array]]:
+  """The full ProLIP objective (eq. 6) of the global batch, from local shards.
+
+  Call inside ``shard_map``; the sharded counterpart of ``prolip_loss``:
+
+    L = PPCL(v, t) + alpha1 * L_inc(v ⊂ t)
+        + alpha2 * [L_inc(v ⊂ v_masked) + L_inc(t ⊂ t_masked)]
+        + beta * [VIB(v) + VIB(t)].
+
+  PPCL (eq. 2) couples all pairs and runs on the ring
+  (``ppcl_loss_blockwise``). The per-sample terms (eq. 5 inclusions, eq. A.2
+  VIB) are computed once on the local shard by ``prolip_regularizers`` -- the
+  image ⊂ text inclusion always on the device's own row-aligned texts, never
+  per hop -- then ``pmean``-ed over ``axis_name``. As every device holds the
+  same number of rows, the pmean of local means is the global mean.
+  ``combine_prolip_terms`` then weighs and guards the global terms, so the
+  guard drops a term on all devices or none.
+
+  Masked-copy convention: ``img_masked`` / ``txt_masked`` are ``(n_local, d)``
+  per device and are the masked copies of the first ``n_local`` rows of this
+  device's LOCAL shard (not of the first rows of the global batch). The dense
+  equivalent is ``prolip_loss`` on the global batch with those rows, i.e. the
+  first ``n_local`` of every shard, moved to the front.
+
+  Args:
+    img, txt: ``GaussianBatch`` of ``(b_local, d)`` local, row-aligned pairs.
+    scale, bias: the PPCL scalars ``a`` (not its log) and ``b``, replicated.
+    img_masked, txt_masked: optional ``(n_local, d)`` local masked copies.
+    axis_name: mesh axis name, or tuple of names, the batch is sharded over.
+    alpha1, alpha2, beta, c, eps, vib_release_quirk, guard: as in
+      ``prolip_loss``.
+
+  Returns:
+    ``(total, metrics)``, identical on every device; metrics holds every
+    unweighted global term, ``loss`` and (with ``guard``) ``guard_dropped``.
+  """
+  axis_name = ring.hashable_axis(axis_name)
+  terms = {'ppcl': ppcl_loss_blockwise(img.mu, img.logvar, txt.mu,
+                                       txt.logvar, scale, bias, axis_name)}
+  local = prolip_regularizers(img, txt, img_masked, txt_masked, c=c, eps=eps,
+                              vib_release_quirk=vib_release_quirk)
+  terms.update(jax.lax.pmean(local, axis_name))
   return combine_prolip_terms(terms, alpha1=alpha1, alpha2=alpha2, beta=beta,
                               guard=guard)

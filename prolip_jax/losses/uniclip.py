@@ -41,20 +41,25 @@ pair a batch has 9N image-image, 6N image-text and N text-text positive
 (1/V^2, 1/(2V), 1).
 
 Initial values of tau_D, b_D are not in the text we have;
-``init_uniclip_params`` uses CLIP's tau = 0.07 and b = 0 (eq. 16 then starts
-as eq. 13).
+``prolip_jax.objectives.uniclip.init_uniclip_params`` uses CLIP's tau = 0.07
+and b = 0 (eq. 16 then starts as eq. 13).
+
+Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
+float32, float64 embeddings give float64.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.losses import ring
 from prolip_jax.losses.contrastive import infonce_terms
 from prolip_jax.losses.contrastive import unit_rows
+from prolip_jax.losses.probabilistic import compute_dtype
+from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
 
@@ -62,12 +67,9 @@ Array = jax.Array
 II, IT, TT = 0, 1, 2
 DOMAIN_PAIRS = ('image_image', 'image_text', 'text_text')
 UNICLIP_WEIGHTS = (1.0 / 9.0, 1.0 / 6.0, 1.0)  # V = 3 views, 1 text
-UNICLIP_TAU_INIT = 0.07
-UNICLIP_OFFSET_INIT = 0.0
 
 __all__ = ['mp_nce_loss', 'mp_nce_loss_sharded', 'mp_nce_from_logits',
-           'domain_logits',
-           'default_weights', 'init_uniclip_params', 'uniclip_scalars']
+           'domain_logits', 'default_weights']
 
 
 def default_weights(num_views: int) -> tuple[float, float, float]:
@@ -77,27 +79,12 @@ def default_weights(num_views: int) -> tuple[float, float, float]:
   return (1.0 / num_views**2, 1.0 / (2 * num_views), 1.0)
 
 
-def init_uniclip_params(tau: float = UNICLIP_TAU_INIT,
-                        offset: float = UNICLIP_OFFSET_INIT
-                        ) -> dict[str, Array]:
-  """Learnable eq. 16 parameters: ``log_tau`` and ``offset``, each ``(3,)``
-  in the order (II, IT, TT). Train ``log_tau`` (tau = exp(log_tau) stays
-  positive); see ``uniclip_scalars``."""
-  return {'log_tau': jnp.full((3,), math.log(tau), jnp.float32),
-          'offset': jnp.full((3,), offset, jnp.float32)}
-
-
-def uniclip_scalars(params) -> tuple[Array, Array]:
-  """``(temperatures, offsets)`` from ``init_uniclip_params``-style params."""
-  return jnp.exp(params['log_tau']), params['offset']
-
-
 def _pair_logits(z_rows, dom_rows, z_cols, dom_cols, temperatures, offsets):
   """(cos - b_D) / tau_D between two sets of embeddings."""
   cos = unit_rows(z_rows) @ unit_rows(z_cols).T
   pair = dom_rows[:, None] + dom_cols[None, :]  # 0 II, 1 IT/TI, 2 TT
-  tau = jnp.asarray(temperatures, jnp.float32)[pair]
-  b = jnp.asarray(offsets, jnp.float32)[pair]
+  temperatures, offsets = to_compute_dtype(temperatures, offsets)
+  tau, b = temperatures[pair], offsets[pair]
   return (cos - b) / tau, pair
 
 
@@ -119,7 +106,7 @@ def domain_logits(z: Array, domains: Array, temperatures: Array,
 
 def _per_positive(logits: Array, positives: Array) -> Array:
   """-log(s_ip / (s_ip + sum_{n in N_i} s_in)) on positives, 0 elsewhere."""
-  logits = jnp.asarray(logits, jnp.float32)
+  (logits,) = to_compute_dtype(logits)
   neg_lse = jax.nn.logsumexp(jnp.where(positives, -jnp.inf, logits), axis=1,
                              keepdims=True)  # -inf if a row has no negatives
   # softplus(neg_lse - l_ip), not logaddexp(l_ip, neg_lse) - l_ip: the same
@@ -175,7 +162,7 @@ def mp_nce_loss(z_img_views: Array, z_txt: Array, temperatures: Array,
     ``_text_text``, the parts of the loss from each domain pair (they sum to
     the loss).
   """
-  z_img_views = jnp.asarray(z_img_views, jnp.float32)
+  z_img_views, z_txt = to_compute_dtype(z_img_views, z_txt)
   v, n, d = z_img_views.shape
   if z_txt.shape != (n, d):
     raise ValueError(f'z_txt must be {(n, d)}, got {z_txt.shape}')
@@ -188,9 +175,9 @@ def mp_nce_loss(z_img_views: Array, z_txt: Array, temperatures: Array,
 def _flatten(z_img_views, z_txt, ids):
   """(V, n, d) views + (n, d) texts -> embeddings, domains, ids of the
   (V + 1) n items, views first (view-major), then texts."""
+  z_img_views, z_txt = to_compute_dtype(z_img_views, z_txt)
   v, n, d = z_img_views.shape
-  z = jnp.concatenate([jnp.asarray(z_img_views, jnp.float32).reshape(v * n, d),
-                       jnp.asarray(z_txt, jnp.float32)], axis=0)
+  z = jnp.concatenate([z_img_views.reshape(v * n, d), z_txt], axis=0)
   domains = jnp.concatenate([jnp.zeros((v * n,), jnp.int32),
                              jnp.ones((n,), jnp.int32)])
   return z, domains, jnp.concatenate([jnp.tile(ids, v), ids])
@@ -203,8 +190,10 @@ def _anchor_sums(rows, cols, temperatures, offsets, weights):
   z_c, dom_c, ids_c = cols
   positives = ids_r[:, None] == ids_c[None, :]
   logits, pair = _pair_logits(z_r, dom_r, z_c, dom_c, temperatures, offsets)
-  w = jnp.ones((3,), jnp.float32) if weights is None else jnp.asarray(
-      weights, jnp.float32)
+  # In the logits' dtype: 1/9 rounded to float32 would cap a float64 loss
+  # at float32's precision.
+  w = jnp.ones((3,), logits.dtype) if weights is None else jnp.asarray(
+      weights, compute_dtype(weights, logits))
   terms = (w[pair] * _per_positive(logits, positives)
            / jnp.sum(positives, axis=1, keepdims=True))
   return jnp.stack([jnp.sum(jnp.where(pair == k, terms, 0.0))
@@ -221,7 +210,7 @@ def _finish(sums, num_anchors):
 
 
 def mp_nce_loss_sharded(z_img_views: Array, z_txt: Array, temperatures: Array,
-                        offsets: Array, axis_name,
+                        offsets: Array, axis_name: ring.AxisName,
                         weights: Optional[Sequence[float]] = UNICLIP_WEIGHTS,
                         sample_ids: Optional[Array] = None
                         ) -> tuple[Array, dict[str, Array]]:
@@ -245,17 +234,16 @@ def mp_nce_loss_sharded(z_img_views: Array, z_txt: Array, temperatures: Array,
   Returns:
     ``(loss, metrics)`` of the global batch, identical on every device.
   """
-  if isinstance(axis_name, list):
-    axis_name = tuple(axis_name)
+  axis_name = ring.hashable_axis(axis_name)
   v, b, _ = z_img_views.shape
-  n_dev = int(jax.lax.axis_size(axis_name))
+  n_dev = ring.axis_size(axis_name)
   if sample_ids is None:
     sample_ids = jax.lax.axis_index(axis_name) * b + jnp.arange(b)
   rows = _flatten(z_img_views, z_txt, jnp.asarray(sample_ids))
   gather = lambda x, axis: jax.lax.all_gather(x, axis_name, axis=axis,
                                               tiled=True)
-  cols = _flatten(gather(jnp.asarray(z_img_views, jnp.float32), 1),
-                  gather(jnp.asarray(z_txt, jnp.float32), 0),
+  z_img_views, z_txt = to_compute_dtype(z_img_views, z_txt)
+  cols = _flatten(gather(z_img_views, 1), gather(z_txt, 0),
                   gather(jnp.asarray(sample_ids), 0))
   sums = _anchor_sums(rows, cols, temperatures, offsets, weights)
   return _finish(jax.lax.psum(sums, axis_name), (v + 1) * b * n_dev)

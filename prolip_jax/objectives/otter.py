@@ -12,12 +12,25 @@ import functools
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 
-from prolip_jax.losses import ema_update
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import otter_loss
 from prolip_jax.losses import otter_loss_blockwise
+from prolip_jax.losses.otter import OTTER_EMA_DECAY
 from prolip_jax.objectives.base import Objective
+
+
+def ema_update(teacher_params: Any, student_params: Any,
+               decay: float = OTTER_EMA_DECAY) -> Any:
+  """theta~ <- m theta~ + (1 - m) theta (section 3.4), leaf by leaf.
+
+  Keeps each teacher leaf's dtype. Pytrees must have the same structure
+  (the parameter tree of the towers, each leaf any shape).
+  """
+  return jax.tree.map(
+      lambda t, s: (decay * t + (1.0 - decay) * s).astype(jnp.asarray(t).dtype),
+      teacher_params, student_params)
 
 
 def otter_kwargs(loss_cfg) -> dict[str, Any]:

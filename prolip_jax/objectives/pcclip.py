@@ -19,13 +19,13 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from prolip_jax import sharding as shd
+from prolip_jax.applications.pcclip import difference_classify
 from prolip_jax.data import digits
 from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
 from prolip_jax.losses import difference_alignment_loss
-from prolip_jax.losses import difference_classify
 from prolip_jax.objectives.clip import CLIPObjective
 
 # Fields of config.loss that PC-CLIP reads.

@@ -14,9 +14,9 @@ from typing import Any, Optional
 import jax
 
 from prolip_jax import sharding as shd
-from prolip_jax.losses import blockwise
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import prolip_loss
+from prolip_jax.losses import prolip_loss_blockwise
 from prolip_jax.models import masking
 from prolip_jax.objectives.base import loss_kwargs
 from prolip_jax.objectives.base import Objective
@@ -70,7 +70,7 @@ class ProLIPObjective(Objective):
     kwargs = loss_kwargs(loss_cfg)
     if axis_name is None:
       return lambda *a: prolip_loss(*a, **kwargs)
-    return lambda *a: blockwise.prolip_loss_blockwise(
+    return lambda *a: prolip_loss_blockwise(
         *a, axis_name=axis_name, **kwargs)
 
   def validate_batch(self, config, batch_shards: int) -> None:

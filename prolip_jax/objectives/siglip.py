@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from prolip_jax.losses import blockwise
 from prolip_jax.losses import siglip_loss
+from prolip_jax.losses import siglip_loss_blockwise
 from prolip_jax.objectives.base import Objective
 
 
@@ -21,7 +21,6 @@ class SigLIPObjective(Objective):
       if axis_name is None:
         loss = siglip_loss(img.mu, txt.mu, scale, bias)
       else:
-        loss = blockwise.siglip_loss_blockwise(img.mu, txt.mu, scale, bias,
-                                               axis_name)
+        loss = siglip_loss_blockwise(img.mu, txt.mu, scale, bias, axis_name)
       return loss, {'loss': loss, 'siglip': loss}
     return siglip

@@ -26,6 +26,7 @@ view count from ``config.data.num_views`` and the domain weights from
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import jax
@@ -74,6 +75,24 @@ def make_heads(config, model_cfg
   return image_head, heads_lib.TextHead(dim)
 
 
+def init_uniclip_params(tau: float = DEFAULTS['init_tau'],
+                        offset: float = DEFAULTS['init_offset']
+                        ) -> dict[str, Array]:
+  """Learnable eq. 16 parameters: ``log_tau`` and ``offset``, each ``(3,)``
+  float32 in the order (II, IT, TT). The paper gives no initial values; the
+  defaults are CLIP's tau = 0.07 and b = 0 (eq. 16 then starts as eq. 13).
+  Train ``log_tau`` (tau = exp(log_tau) stays positive); see
+  ``uniclip_scalars``."""
+  return {'log_tau': jnp.full((3,), math.log(tau), jnp.float32),
+          'offset': jnp.full((3,), offset, jnp.float32)}
+
+
+def uniclip_scalars(params) -> tuple[Array, Array]:
+  """``(temperatures (3,), offsets (3,))`` from ``init_uniclip_params``-style
+  params (``{'log_tau': (3,), 'offset': (3,)}``)."""
+  return jnp.exp(params['log_tau']), params['offset']
+
+
 def init_params(config, model_cfg, rng: Array) -> dict[str, Any]:
   """``params['uniclip']``: both heads and the eq. 16 scalars (each ``(3,)``,
   order II, IT, TT; tau stored as log tau so it stays positive)."""
@@ -85,7 +104,7 @@ def init_params(config, model_cfg, rng: Array) -> dict[str, Any]:
   return dict(
       image_head=image_head.init(r_img, h, aug)['params'],
       text_head=text_head.init(r_txt, h)['params'],
-      **uniclip_loss.init_uniclip_params(s['init_tau'], s['init_offset']))
+      **init_uniclip_params(s['init_tau'], s['init_offset']))
 
 
 def domain_scalars(uparams, min_tau: float) -> tuple[Array, Array]:
@@ -95,7 +114,7 @@ def domain_scalars(uparams, min_tau: float) -> tuple[Array, Array]:
   that runs to zero makes every logit explode. ``jnp.maximum`` stops the
   gradient below the floor, so log tau stops moving down there.
   """
-  tau, offset = uniclip_loss.uniclip_scalars(uparams)
+  tau, offset = uniclip_scalars(uparams)
   return jnp.maximum(tau, min_tau), offset
 
 
