@@ -8,7 +8,8 @@ default backend, normally the CPU) either the forward+backward of both
 towers (``--what=forward_backward``: a scalar of the image, masked-image and
 text outputs, differentiated w.r.t. the parameters) or the full train step
 of ``configs/prolip_b16.py`` with the model swapped in (``--what=train_step``:
-loss, masked copies, AdamW, as ``prolip_jax.train`` jits it). Inputs are
+loss, masked copies, AdamW: ``train.jit_train_step`` over the state of
+``train.run_state_initializer``, as a run compiles it). Inputs are
 abstract (``jax.ShapeDtypeStruct``): nothing is allocated or run. Prints a
 Markdown table (trace+lower seconds, compile seconds, HLO size) and one JSON
 line per row.
@@ -26,6 +27,8 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from prolip_jax import aot
+from prolip_jax import models
 from prolip_jax import objectives
 from prolip_jax import presets
 from prolip_jax import sharding as shd
@@ -60,6 +63,23 @@ def model_dict(name: str) -> dict:
   return presets.model_preset(name).to_dict()
 
 
+def train_step_program(config, model, mesh, mask_id: int):
+  """``(jitted step, (state, batch, rng))`` of ``config``'s objective, the
+  arguments abstract: the step a run compiles (``train.jit_train_step``)
+  over the state it trains (``train.run_state_initializer``: UniCLIP's heads,
+  OTTER's teacher) and a batch as the pipeline makes it."""
+  objective = objectives.get(config.objective)
+  tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
+  init_state, state_shardings = train.run_state_initializer(
+      config, model, tx, mesh, objective)
+  state = jax.eval_shape(init_state, jax.random.key(0))
+  fn = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
+                            state_shardings, objective)
+  batch = aot.abstract_batch(config, model.config, config.batch_size,
+                             shd.batch_sharding(mesh), objective)
+  return fn, (state, batch, jax.eval_shape(lambda: jax.random.key(0)))
+
+
 def compile_once(name: str, scan: bool) -> dict:
   """Lowers and compiles one program; returns its timings."""
   config = presets.load_config_file('configs/prolip_b16.py')
@@ -74,15 +94,13 @@ def compile_once(name: str, scan: bool) -> dict:
       mesh.devices.flat, model_cfg.attention_impl))
   b = flags.FLAGS.batch
   size, ctx = model_cfg.vision.image_size, model_cfg.text.context_length
-  key = jax.eval_shape(lambda: jax.random.key(0))
   if flags.FLAGS.what == 'forward_backward':
     images = jax.ShapeDtypeStruct((b, size, size, 3), jnp.float32)
     tokens = jax.ShapeDtypeStruct((b, ctx), jnp.int32)
     n_keep = masking.num_kept_patches(model_cfg.num_patches, 0.25)
     keep = jax.ShapeDtypeStruct((b, n_keep), jnp.int32)
     params = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)),
-                           jnp.zeros((1, ctx), jnp.int32))['params'])
+        lambda: models.init_params(model, jax.random.key(0)))
 
     def loss(p, images, tokens, keep):
       apply = lambda *a, m: model.apply({'params': p}, *a, method=m)
@@ -94,22 +112,8 @@ def compile_once(name: str, scan: bool) -> dict:
     fn, args = jax.jit(jax.grad(loss)), (params, images, tokens, keep)
   else:
     config.batch_size = b
-    objective = objectives.get(config.objective)
-    tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
-    init_state, state_shardings = train.train_state_initializer(
-        model, tx, mesh, with_teacher=objective.uses_teacher)
-    state = jax.eval_shape(init_state, jax.random.key(0))
-    fn = jax.jit(
-        train.make_train_step(model, config, tx, schedule, mesh,
-                              config.tokenizer.mask_id),
-        in_shardings=(state_shardings, shd.batch_sharding(mesh),
-                      shd.replicated(mesh)),
-        out_shardings=(state_shardings, shd.replicated(mesh)),
-        donate_argnums=(0,))
-    batch = {'image': jax.ShapeDtypeStruct((b, size, size, 3), jnp.uint8),
-             'tokens': jax.ShapeDtypeStruct((b, ctx), jnp.int32),
-             'aug': jax.ShapeDtypeStruct((b, 11), jnp.float32)}
-    args = (state, batch, key)
+    fn, args = train_step_program(config, model, mesh,
+                                  config.tokenizer.mask_id)
   t0 = time.perf_counter()
   lowered = fn.lower(*args)
   t1 = time.perf_counter()

@@ -5,7 +5,7 @@
 
 Times, alternately in one process so both see the same machine load:
 
-* JAX: the project's real jitted train step (``train.make_train_step``: the
+* JAX: the project's real jitted train step (``train.jit_train_step``: the
   ProLIP objective with its masked copies, AdamW, the scale clamp), as
   ``prolip_jax.main`` runs it on one CPU device;
 * PyTorch: ``prolip_jax.torch_reference``'s dual encoder with the same
@@ -83,15 +83,11 @@ def jax_step_fn(config, mask_id: int):
   model_cfg = ModelConfig.from_config(config.model)
   model = ProLIP(model_cfg)
   tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
-  init_state, shardings = train.train_state_initializer(model, tx, mesh)
+  init_state, shardings = train.run_state_initializer(config, model, tx, mesh)
   state = init_state(jax.random.key(0))
   params = jax.device_get(state.params)
-  step = jax.jit(train.make_train_step(model, config, tx, schedule, mesh,
-                                       mask_id),
-                 in_shardings=(shardings, shd.batch_sharding(mesh),
-                               shd.replicated(mesh)),
-                 out_shardings=(shardings, shd.replicated(mesh)),
-                 donate_argnums=(0,))
+  step = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
+                              shardings)
   holder = {'state': state}
 
   def run(batch):

@@ -69,7 +69,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
   model = ProLIP(model_cfg, attention=attention_impl_for(
       mesh.devices.flat, model_cfg.attention_impl))
   tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
-  init_state, state_shardings = train.train_state_initializer(model, tx, mesh)
+  init_state, state_shardings = train.run_state_initializer(config, model, tx,
+                                                            mesh)
   state = init_state(jax.random.key(0))
   mask_id = 3 if config.tokenizer.mask_id < 0 else config.tokenizer.mask_id
   step_fn = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,

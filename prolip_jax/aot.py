@@ -68,10 +68,12 @@ def _model(config, devices):
       list(devices), cfg.attention_impl)), mask_id
 
 
-def abstract_batch(config, model_cfg, global_batch: int, sharding) -> dict:
+def abstract_batch(config, model_cfg, global_batch: int, sharding,
+                   objective=None) -> dict:
   """``jax.ShapeDtypeStruct``s of one global batch, as the data pipeline
   makes it (one example through its ``TrainTransform`` with a stand-in
-  tokenizer: same keys, shapes and dtypes)."""
+  tokenizer: same keys, shapes and dtypes). ``objective``: the config's
+  (resolved here when None)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
@@ -79,7 +81,8 @@ def abstract_batch(config, model_cfg, global_batch: int, sharding) -> dict:
   from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from prolip_jax.objectives.base import Objective  # pylint: disable=g-import-not-at-top
 
-  objective = objectives.get(config.objective)
+  if objective is None:
+    objective = objectives.get(config.objective)
   if type(objective).wrap_dataset is not Objective.wrap_dataset:
     raise errors.UserError(
         f'objective {config.objective!r} adds its own batch entries '
@@ -160,26 +163,28 @@ def compile_step(config, target: Target, per_device_batch: int
   per device; returns the report (``fits``; ``error`` when the compiler
   refused it for memory)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
   from prolip_jax import optimizer  # pylint: disable=g-import-not-at-top
   from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
 
   config = config.copy_and_resolve_references()
   with errors.config_errors():
+    objective = objectives.get(config.objective)
     mesh = shd.make_mesh(config.mesh, devices=target.devices,
                          whole_topology=True)
     shards = shd.num_batch_shards(mesh)
     config.batch_size = per_device_batch * shards
-    train.validate_config(config)
+    train.validate_config(config, objective)
     model, mask_id = _model(config, mesh.devices.flat)
     tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
     init_state, shardings = train.run_state_initializer(config, model, tx,
-                                                        mesh)
+                                                        mesh, objective)
     state = jax.eval_shape(init_state, jax.random.key(0))
     step = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
-                                shardings)
+                                shardings, objective)
   batch = abstract_batch(config, model.config, config.batch_size,
-                         shd.batch_sharding(mesh))
+                         shd.batch_sharding(mesh), objective)
   rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
                              sharding=shd.replicated(mesh))
   report: dict[str, Any] = {
@@ -253,48 +258,35 @@ def compile_loss(config, target: Target, per_device_batch: int,
   outputs of a global batch: ``form='ring'`` as the train step computes it
   (the blockwise ring in ``shard_map``), ``'gathered'`` by all-gathering
   every embedding and evaluating the dense loss on each device (open_clip's
-  default). Returns the per-device memory and collectives."""
-  import functools  # pylint: disable=g-import-not-at-top
+  default). Returns the per-device memory and collectives. The embeddings
+  are the train step's (``Objective.make_embed_fn``, with no teacher)."""
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from prolip_jax import models  # pylint: disable=g-import-not-at-top
   from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
   from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from prolip_jax import train  # pylint: disable=g-import-not-at-top
-  from prolip_jax.losses import GaussianBatch  # pylint: disable=g-import-not-at-top
 
   config = config.copy_and_resolve_references()
   with errors.config_errors():
+    objective = objectives.get(config.objective)
     mesh = shd.make_mesh(config.mesh, devices=target.devices,
                          whole_topology=True)
     config.batch_size = per_device_batch * shd.num_batch_shards(mesh)
-    train.validate_config(config)
-    objectives.get(config.objective).validate_batch(
+    train.validate_config(config, objective)
+    objective.validate_batch(
         config, shd.num_batch_shards(mesh))  # one line, not a traceback
     model, mask_id = _model(config, mesh.devices.flat)
-  objective = objectives.get(config.objective)
   b = config.batch_size
   size = model.config.vision.image_size
-  params = jax.eval_shape(
-      lambda: model.init(jax.random.key(0),
-                         jax.numpy.zeros((1, size, size, 3)),
-                         jax.numpy.zeros((1, model.config.text.context_length),
-                                         jax.numpy.int32))['params'])
+  params = jax.eval_shape(lambda: models.init_params(model, jax.random.key(0)))
   images = jax.ShapeDtypeStruct((b, size, size, 3), jax.numpy.float32)
   tokens = jax.ShapeDtypeStruct((b, model.config.text.context_length),
                                 jax.numpy.int32)
-
-  def towers(params, images, tokens):
-    apply = functools.partial(model.apply, {'params': params})
-    img = GaussianBatch(*apply(images, method='encode_image'))
-    txt = GaussianBatch(*apply(tokens, method='encode_text'))
-    img_aux = txt_aux = None
-    aux = objective.make_aux_fn(model, config, mesh, mask_id)
-    if aux is not None:
-      img, txt, img_aux, txt_aux = aux(model, params, None, images, tokens,
-                                       img, txt, jax.random.key(0))
-    return img, txt, img_aux, txt_aux
-
-  embeddings = jax.eval_shape(towers, params, images, tokens)
+  embed = objective.make_embed_fn(model, config, mesh, mask_id)
+  embeddings = jax.eval_shape(
+      lambda p, i, t: embed(p, None, i, t, jax.random.key(0)),
+      params, images, tokens)
   if form == 'ring':
     loss = objective.loss_over(config.loss, mesh)
   else:
@@ -330,14 +322,6 @@ def compile_loss(config, target: Target, per_device_batch: int,
           'collectives': {k: v for k, v in colls.items() if k != 'ops'},
           'gathers_batch_square': aot_report.has_square_gather(colls['ops'],
                                                                b)}
-
-
-def _granularity(config) -> int:
-  """Per-device batches must be multiples of this (ProLIP's masked copies
-  take every k-th pair of each device's shard)."""
-  if config.objective == 'prolip' and config.masking.fraction > 0:
-    return int(round(1 / config.masking.fraction))
-  return 1
 
 
 def find_max_batch(config, target: Target, start: int, step: int
@@ -447,6 +431,7 @@ def run(argv: list[str]) -> int:
   """The command line ``argv`` (program name first); returns the exit
   status."""
   from prolip_jax import main as cli  # pylint: disable=g-import-not-at-top
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
   if any(a in ('--help', '-h', '--helpfull', '-help') for a in argv[1:]):
     print(usage())
     return 0
@@ -476,7 +461,8 @@ def run(argv: list[str]) -> int:
           form: compile_loss(config, target, per_device, form)
           for form in ('ring', 'gathered')}
     if fl.find_max_batch:
-      step = fl.batch_step or _granularity(config)
+      step = fl.batch_step or objectives.get(
+          config.objective).batch_multiple(config)
       best, tried = find_max_batch(config, target, per_device, step)
       report['max_per_device_batch'] = best
       report['max_batch_search'] = (f'step {step}, tried ' + ', '.join(

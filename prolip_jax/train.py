@@ -5,8 +5,9 @@ gradients, AdamW update, clamp the scale, the objective's teacher update), a
 data pipeline that is exactly resumable from the step, Orbax checkpoints every
 ``checkpoint_every_steps`` (and on interruption), metrics to
 ``WORKDIR/metrics.jsonl`` and TensorBoard. Nothing here is specific to one
-objective: ``objectives.get(config.objective)`` supplies the loss and the
-hooks (``prolip_jax/objectives/base.py``).
+objective: ``objectives.get(config.objective)``, resolved once by
+``train_and_evaluate`` and passed down, supplies the loss and the hooks
+(``prolip_jax/objectives/base.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from prolip_jax.evaluation import report as eval_report
 from prolip_jax.evaluation import train_time
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.objectives.base import Objective
 from prolip_jax.workdir import Workdir
 from prolip_jax.workdir_lock import WorkdirLock
 
@@ -72,16 +74,25 @@ class TrainState:
 # The train step
 
 
+def _resolve(config, objective: Optional[Objective]) -> Objective:
+  """``objective``, or ``config.objective``'s when None (callers outside the
+  training loop that have not resolved it)."""
+  return objective if objective is not None else objectives.get(
+      config.objective)
+
+
 def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                     tx: optax.GradientTransformation, schedule: optax.Schedule,
-                    mesh, mask_id: int) -> Callable:
+                    mesh, mask_id: int, objective: Optional[Objective] = None
+                    ) -> Callable:
   """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted.
 
   A step whose loss or gradient is not finite changes nothing but the step
   counter (parameters, optimizer state and teacher stay as they were) and
-  reports ``metrics['nonfinite'] = 1``.
+  reports ``metrics['nonfinite'] = 1``. ``objective``: ``config.objective``'s
+  (resolved here when None).
   """
-  objective = objectives.get(config.objective)
+  objective = _resolve(config, objective)
   loss_fn = objective.make_loss_fn(model, config, mesh, mask_id)
   max_log_scale = math.log(config.optim.max_logit_scale)
   nan_steps = tuple(config_keys.get(config, 'debug_nan_steps'))
@@ -194,10 +205,10 @@ def augment_config(data) -> transforms.AugmentConfig:
           'color_on_device', config_keys.default('data.color_on_device'))))
 
 
-def validate_config(config):
+def validate_config(config, objective: Optional[Objective] = None):
   """Raises ``ValueError`` for a config that cannot train (the generic
   checks, then the objective's own)."""
-  objective = objectives.get(config.objective)
+  objective = _resolve(config, objective)
   config_keys.check_values(config)  # counts, sizes, intervals: >= minimum
   wanted, present = int(config.mesh.get('num_devices', 0) or 0), (
       jax.device_count())
@@ -226,13 +237,9 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
   model's, to be trained and saved with them. ``fsdp_min_size_mb``: arrays
   smaller than this stay replicated (``sharding.param_spec``).
   """
-  model_cfg = model.config
 
   def init_state(rng):
-    size = model_cfg.vision.image_size
-    params = model.init(
-        rng, jnp.zeros((1, size, size, 3), jnp.float32),
-        jnp.zeros((1, model_cfg.text.context_length), jnp.int32))['params']
+    params = models.init_params(model, rng)
     if extra_params is not None:
       extra = extra_params(jax.random.fold_in(rng, 1))
       if extra:
@@ -252,12 +259,13 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
 
 
 def run_state_initializer(config, model: ProLIP,
-                          tx: optax.GradientTransformation, mesh
+                          tx: optax.GradientTransformation, mesh,
+                          objective: Optional[Objective] = None
                           ) -> tuple[Callable, TrainState]:
   """``train_state_initializer`` for ``config``'s objective (its teacher and
   extra parameters): the state ``prolip_jax.main`` trains and
-  ``prolip_jax.aot`` compiles for."""
-  objective = objectives.get(config.objective)
+  ``prolip_jax.aot`` and the benchmarks compile for."""
+  objective = _resolve(config, objective)
   return train_state_initializer(
       model, tx, mesh, with_teacher=objective.uses_teacher,
       extra_params=lambda rng: objective.init_extra_params(
@@ -268,13 +276,14 @@ def run_state_initializer(config, model: ProLIP,
 
 def jit_train_step(model: ProLIP, config, tx: optax.GradientTransformation,
                    schedule: optax.Schedule, mesh, mask_id: int,
-                   state_shardings: TrainState) -> Callable:
+                   state_shardings: TrainState,
+                   objective: Optional[Objective] = None) -> Callable:
   """The jitted ``train_step(state, batch, rng)`` of a run: state sharded by
-  ``state_shardings`` and donated, batch split over the mesh's batch axes.
-  ``prolip_jax.main`` runs it; ``prolip_jax.aot`` compiles it for a
-  topology."""
+  ``state_shardings`` (``run_state_initializer``'s) and donated, batch split
+  over the mesh's batch axes. ``prolip_jax.main`` runs it;
+  ``prolip_jax.aot`` compiles it for a topology, the benchmarks time it."""
   return jax.jit(
-      make_train_step(model, config, tx, schedule, mesh, mask_id),
+      make_train_step(model, config, tx, schedule, mesh, mask_id, objective),
       in_shardings=(state_shardings, shd.batch_sharding(mesh),
                     shd.replicated(mesh)),
       out_shardings=(state_shardings, shd.replicated(mesh)),
@@ -309,7 +318,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     stop).
   """
   with errors.config_errors():
-    validate_config(config)
+    objective = objectives.get(config.objective)  # the run's, passed down
+    validate_config(config, objective)
   workdir = Workdir.of(workdir)  # every file of the run, local or gs://
   workdir.check_checkpoint_store()
   # SIGTERM and Ctrl-C from here on: a stop at a step boundary in the loop,
@@ -333,8 +343,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     if failure is not None:
       raise failure
     try:
-      return _train_and_evaluate(config, workdir, stopper, max_steps,
-                                 allow_fresh_start)
+      return _train_and_evaluate(config, objective, workdir, stopper,
+                                 max_steps, allow_fresh_start)
     finally:
       lock.release()
   finally:
@@ -396,7 +406,7 @@ def _build(config, workdir: Workdir, objective) -> _Run:
 
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   init_state, state_shardings = run_state_initializer(config, model, tx,
-                                                      mesh)
+                                                      mesh, objective)
   return _Run(mesh, evals, source, tokenizer, model, tx, schedule, dataset,
               init_state, state_shardings,
               jax.eval_shape(init_state, init_rng), init_rng, step_rng)
@@ -465,12 +475,12 @@ def _missing_evaluations(config, workdir: Workdir, evaluations, step: int,
   return heldout, [name for name, m in zip(due, missing) if m]
 
 
-def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
-                        max_steps: Optional[int], allow_fresh_start: bool):
+def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
+                        stopper: progress.StopFlag, max_steps: Optional[int],
+                        allow_fresh_start: bool):
   resume.check_nothing_set_aside(workdir, allow_fresh_start)
   with errors.config_errors():
     config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
-  objective = objectives.get(config.objective)
   is_chief = jax.process_index() == 0
   resume.check_drift(config, workdir, is_chief)
   with errors.config_errors():
@@ -487,7 +497,8 @@ def _train_and_evaluate(config, workdir: Workdir, stopper: progress.StopFlag,
   stopper.check(f'restoring step {start}' if start else 'initialising',
                 resumed=lambda: start > 0)
   train_step = jit_train_step(model, config, run.tx, run.schedule, mesh,
-                              tokenizer.mask_id, run.state_shardings)
+                              tokenizer.mask_id, run.state_shardings,
+                              objective)
 
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)

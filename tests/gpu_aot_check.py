@@ -74,15 +74,13 @@ def main():
   model = ProLIP(model_cfg, attention=impl)
   objective = objectives.get(config.objective)
   tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
-  init_state, state_shardings = train.train_state_initializer(
-      model, tx, mesh, with_teacher=objective.uses_teacher,
-      extra_params=lambda rng: objective.init_extra_params(
-          config, model_cfg, rng))
+  init_state, state_shardings = train.run_state_initializer(
+      config, model, tx, mesh, objective)
   state = abstract(jax.eval_shape(init_state, jax.random.key(0)),
                    state_shardings)
   mask_id = max(config.tokenizer.mask_id, 3)
   step = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
-                              state_shardings)
+                              state_shardings, objective)
   b, size = config.batch_size, model_cfg.vision.image_size
   batch_sharding = shd.batch_sharding(mesh)
   batch = {

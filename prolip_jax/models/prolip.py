@@ -151,12 +151,17 @@ class ProLIP(nn.Module):
         self.scale_and_bias()
 
 
-def init_params(config: ModelConfig, rng: Array) -> dict[str, Any]:
-  """Initial parameters for ``config`` (batch of one, shapes only matter)."""
+def init_params(model: 'ProLIP | ModelConfig', rng: Array) -> dict[str, Any]:
+  """Initial parameters of ``model`` (a ``ProLIP``, or its ``ModelConfig``):
+  the one ``model.init`` (a batch of one; only the shapes matter). The
+  training state, ``prolip_jax.aot`` and the benchmarks all start here."""
+  if isinstance(model, ModelConfig):
+    model = ProLIP(model)
+  config = model.config
   size = config.vision.image_size
   images = jnp.zeros((1, size, size, 3), jnp.float32)
   tokens = jnp.zeros((1, config.text.context_length), jnp.int32)
-  return ProLIP(config).init(rng, images, tokens)['params']
+  return model.init(rng, images, tokens)['params']
 
 
 def count_params(tree) -> int:

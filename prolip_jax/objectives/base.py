@@ -8,6 +8,7 @@ objective overrides only what it needs:
 hook                         used for
 ===========================  ==============================================
 ``validate(config)``         clear errors for settings it cannot train with
+``batch_multiple(config)``   each device's batch is a multiple of it (ProLIP)
 ``extend_corpus(corpus)``    extra tokenizer-training text (PC-CLIP)
 ``wrap_dataset(...)``        extra batch entries (PC-CLIP's difference pairs)
 ``init_extra_params(...)``   parameters beside the towers (UniCLIP's heads)
@@ -16,6 +17,7 @@ hook                         used for
 ``make_aux_fn(...)``         extra embeddings for the loss (masked copies,
                              the teacher's embeddings)
 ``make_extra_fn(...)``       extra loss terms over other batch entries
+``make_embed_fn(...)``       towers + aux embeddings (the loss's inputs)
 ``make_loss_fn(...)``        the whole step loss (default: towers -> loss)
 ``update_teacher(...)``      after the optimizer step (OTTER's EMA)
 ``encoders(...)``            the space it is scored in (eval, ``load``)
@@ -23,8 +25,9 @@ hook                         used for
 ===========================  ==============================================
 
 The default ``make_loss_fn`` is the two-tower step every image-text objective
-shares: normalise the images, embed images and captions, add the auxiliary
-embeddings, evaluate the loss (in ``shard_map`` with the blockwise forms when
+shares: normalise the images, embed images and captions and add the auxiliary
+embeddings (``make_embed_fn``, which ``prolip_jax.aot`` also compiles the loss
+alone over), evaluate the loss (in ``shard_map`` with the blockwise forms when
 the batch is split over devices), add the extra terms.
 """
 
@@ -99,11 +102,25 @@ class Objective:
       raise ValueError(f'data.num_views={config.data.num_views} but objective '
                        f'{self.name!r} takes one view per image')
 
+  def batch_multiple(self, config) -> int:
+    """Each device's share of ``config.batch_size`` must be a multiple of
+    this (default 1; ProLIP: the masking stride). ``prolip_jax.aot`` steps
+    its batch search by it."""
+    del config
+    return 1
+
   def validate_batch(self, config, batch_shards: int) -> None:
     """Raises ``ValueError`` for a ``config.batch_size`` this objective
     cannot split over ``batch_shards`` devices (checked before any data or
-    tokenizer work; default: any size)."""
-    del config, batch_shards
+    tokenizer work): each share must be a multiple of ``batch_multiple``."""
+    multiple = self.batch_multiple(config)
+    local_batch = config.batch_size // batch_shards
+    if local_batch % multiple:
+      raise ValueError(
+          f'batch_size {config.batch_size} gives a per-device batch of '
+          f'{local_batch} ({batch_shards} batch shards), which objective '
+          f'{self.name!r} needs a multiple of {multiple}: choose batch_size '
+          f'a multiple of {multiple * batch_shards}')
 
   def extend_corpus(self, corpus: Callable[[], list]) -> Callable[[], list]:
     """The tokenizer-training corpus for this objective (default: as is)."""
@@ -163,6 +180,25 @@ class Objective:
     del model, config, mesh
     return None
 
+  def make_embed_fn(self, model, config, mesh, mask_id: int) -> Callable:
+    """``embed(params, teacher, images, tokens, rng) -> (img, txt, img_aux,
+    txt_aux)``: the batch's tower outputs (``GaussianBatch``es) and what
+    ``make_aux_fn`` adds (else None), i.e. the arguments of ``local_loss``
+    besides scale and bias. ``images`` are normalised floats."""
+    aux = self.make_aux_fn(model, config, mesh, mask_id)
+
+    def embed(params, teacher, images, tokens, rng):
+      apply = functools.partial(model.apply, {'params': params})
+      img = GaussianBatch(*apply(images, method='encode_image'))
+      txt = GaussianBatch(*apply(tokens, method='encode_text'))
+      img_aux = txt_aux = None
+      if aux is not None:
+        img, txt, img_aux, txt_aux = aux(model, params, teacher, images,
+                                         tokens, img, txt, rng)
+      return img, txt, img_aux, txt_aux
+
+    return embed
+
   def make_loss_fn(self, model, config, mesh, mask_id: int) -> LossFn:
     """``loss_fn(params, teacher, batch, rng) -> (loss, metrics)``.
 
@@ -171,24 +207,19 @@ class Objective:
     (b) and, for Gaussian towers, mean sigma^2 of images and captions.
     """
     loss_over = self.loss_over(config.loss, mesh)
-    aux = self.make_aux_fn(model, config, mesh, mask_id)
+    embed = self.make_embed_fn(model, config, mesh, mask_id)
     extra = self.make_extra_fn(model, config, mesh)
     mean, std = config.data.mean, config.data.std
 
     def loss_fn(params, teacher, batch, rng):
-      apply = functools.partial(model.apply, {'params': params})
       images = train_images(batch, mean, std)
-      tokens = batch['tokens']
-      img = GaussianBatch(*apply(images, method='encode_image'))
-      txt = GaussianBatch(*apply(tokens, method='encode_text'))
-      img_aux = txt_aux = None
-      if aux is not None:
-        img, txt, img_aux, txt_aux = aux(model, params, teacher, images,
-                                         tokens, img, txt, rng)
+      img, txt, img_aux, txt_aux = embed(params, teacher, images,
+                                         batch['tokens'], rng)
       scale = jnp.exp(params['logit_scale'])
       bias = params['logit_bias']
       loss, metrics = loss_over(img, txt, scale, bias, img_aux, txt_aux)
       if extra is not None:
+        apply = functools.partial(model.apply, {'params': params})
         loss, metrics = extra(loss, metrics, apply, batch)
       metrics = dict(metrics, scale=scale, bias=bias,
                      **gaussian_stats(img, txt))

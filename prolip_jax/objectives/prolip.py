@@ -73,10 +73,15 @@ class ProLIPObjective(Objective):
     return lambda *a: prolip_loss_blockwise(
         *a, axis_name=axis_name, **kwargs)
 
+  def batch_multiple(self, config) -> int:
+    """The masking stride: each device takes every stride-th pair of its
+    shard for the masked copies."""
+    return masking_stride(config.masking.fraction) or 1
+
   def validate_batch(self, config, batch_shards: int) -> None:
-    stride = masking_stride(config.masking.fraction)
+    stride = self.batch_multiple(config)
     local_batch = config.batch_size // batch_shards
-    if stride and local_batch % stride:
+    if local_batch % stride:
       raise ValueError(
           f'batch_size {config.batch_size} gives a per-device batch of '
           f'{local_batch} ({batch_shards} batch shards), which must be a '
