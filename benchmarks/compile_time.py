@@ -8,8 +8,8 @@ default backend, normally the CPU) either the forward+backward of both
 towers (``--what=forward_backward``: a scalar of the image, masked-image and
 text outputs, differentiated w.r.t. the parameters) or the full train step
 of ``configs/prolip_b16.py`` with the model swapped in (``--what=train_step``:
-loss, masked copies, AdamW, as ``prolip_jax.train`` jits it). Inputs are
-abstract (``jax.ShapeDtypeStruct``): nothing is allocated or run. Prints a
+loss, masked copies, AdamW, as ``prolip_jax.training.train`` jits it). Inputs
+are abstract (``jax.ShapeDtypeStruct``): nothing is allocated or run. Prints a
 Markdown table (trace+lower seconds, compile seconds, HLO size) and one JSON
 line per row.
 
@@ -27,14 +27,14 @@ import jax
 import jax.numpy as jnp
 
 from prolip_jax import objectives
-from prolip_jax import presets
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import masking
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 flags.DEFINE_list('models', ['B/16', 'SO400M/14'], 'model shapes to compile')
 flags.DEFINE_list('scan', ['false', 'true'], 'model.scan values')

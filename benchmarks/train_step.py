@@ -23,14 +23,14 @@ import jax
 from ml_collections import config_flags
 import numpy as np
 
-from prolip_jax import aot
-from prolip_jax import aot_report
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
+from prolip_jax.aot import compiler as aot
+from prolip_jax.aot import report as aot_report
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 config_flags.DEFINE_config_file(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from prolip_jax import signals
+from prolip_jax.training import signals
 
 # Before the heavy imports: a Ctrl-C or SIGTERM while they run is kept for
 # the run to act on, not lost inside one of their callbacks.
@@ -30,9 +30,9 @@ from absl import logging
 from ml_collections import config_flags
 
 from prolip_jax import command_line
-from prolip_jax import config_help
 from prolip_jax import errors
 from prolip_jax import host_memory
+from prolip_jax.config import help as config_help
 
 DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
@@ -81,7 +81,7 @@ def _define_flags(argv: list[str]):
 
 def _parse(argv: list[str]):
   """Parses flags; raises ``UserError`` with a one-line reason."""
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   path = command_line.config_path(argv, DEFAULT_CONFIG)
   if not os.path.isfile(path):
     raise errors.UserError(f'config file {path!r} not found')
@@ -143,7 +143,7 @@ def run(argv: list[str]) -> int:
     # next step instead of 440 MiB of new pages (host_memory.py).
     host_memory.keep_freed_memory_on_cpu()
     _distributed_init()
-    from prolip_jax import train  # pylint: disable=g-import-not-at-top
+    from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
     summary = train.train_and_evaluate(
         config, flags.FLAGS.workdir,
         allow_fresh_start=flags.FLAGS.allow_fresh_start)

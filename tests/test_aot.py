@@ -19,11 +19,11 @@ import numpy as np
 from absl import flags
 import pytest
 
-from prolip_jax import aot
-from prolip_jax import aot_targets
-from prolip_jax import aot_report
-from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax.aot import compiler as aot
+from prolip_jax.aot import report as aot_report
+from prolip_jax.aot import targets as aot_targets
+from prolip_jax.config import presets
 
 HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
 needs_libtpu = pytest.mark.skipif(

@@ -19,16 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prolip_jax import aot_report
 from prolip_jax import errors
-from prolip_jax import loop_report
-from prolip_jax import profiling
-from prolip_jax import progress
-from prolip_jax import presets
-from prolip_jax import step_timing
-from prolip_jax import train
-from prolip_jax import wandb_sink
+from prolip_jax.aot import report as aot_report
+from prolip_jax.config import presets
 from prolip_jax.models import ModelConfig
+from prolip_jax.training import loop_report
+from prolip_jax.training import profiling
+from prolip_jax.training import progress
+from prolip_jax.training import step_timing
+from prolip_jax.training import train
+from prolip_jax.training import wandb_sink
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100 = types.SimpleNamespace(device_kind='NVIDIA H100 80GB HBM3')
@@ -325,7 +325,7 @@ def test_profile_is_written_locally_then_uploaded(tmp_path, monkeypatch):
     local.mkdir()
     staged.append(str(local))
     yield str(local)
-    from prolip_jax import paths  # pylint: disable=g-import-not-at-top
+    from prolip_jax.storage import paths  # pylint: disable=g-import-not-at-top
     paths.upload_tree(str(local), str(dest))
 
   monkeypatch.setattr(profiling.paths, 'local_dir_for', local_dir_for)

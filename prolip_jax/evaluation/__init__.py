@@ -1,7 +1,7 @@
 """Evaluation: zero-shot, retrieval, the uncertainty report, applications.
 
 Modules (each importable on its own; this package imports none of them, so
-``prolip_jax.inference`` can use ``metrics`` without pulling in the runner):
+``prolip_jax.interop.load`` can use ``metrics`` without pulling in the runner):
 
 * ``metrics``: pure scores and metrics over embeddings (CSD / cosine
   zero-shot, top-k, retrieval recall, flat hit@k).

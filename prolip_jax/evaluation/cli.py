@@ -29,7 +29,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from prolip_jax import command_line
-from prolip_jax import config_help
+from prolip_jax.config import help as config_help
 from prolip_jax import errors
 from prolip_jax import host_memory
 

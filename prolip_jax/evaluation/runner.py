@@ -22,8 +22,8 @@ from typing import Callable, Optional
 import ml_collections
 
 from prolip_jax import errors
-from prolip_jax import inference
-from prolip_jax import paths
+from prolip_jax.interop import load as load_lib
+from prolip_jax.storage import paths
 from prolip_jax import sharding as shd
 from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import sharded
@@ -75,7 +75,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
     path = os.fspath(model)
     if out_dir is None:
       out_dir = paths.join(paths.parse(path, 'model path'), 'eval')
-    model = inference.load(path, step=step)
+    model = load_lib.load(path, step=step)
   if out_dir is None:
     raise ValueError('out_dir is required when model is not a path')
   dest = paths.parse(out_dir, 'out_dir')

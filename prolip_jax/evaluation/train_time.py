@@ -20,8 +20,8 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from prolip_jax import paths
-from prolip_jax import progress
+from prolip_jax.storage import paths
+from prolip_jax.training import progress
 from prolip_jax import sharding as shd
 from prolip_jax.data import digits
 from prolip_jax.data import pairs
@@ -37,7 +37,7 @@ from prolip_jax.evaluation.metrics import zero_shot_report
 from prolip_jax.evaluation.report import number
 from prolip_jax.losses import csd
 from prolip_jax.losses import pcclip
-from prolip_jax.workdir import Workdir
+from prolip_jax.storage.workdir import Workdir
 
 Encoders = tuple[Callable, Callable]
 
