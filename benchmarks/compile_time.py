@@ -27,17 +27,17 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from prolip_jax import aot
 from prolip_jax import models
 from prolip_jax import objectives
-from prolip_jax import presets
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
+from prolip_jax.aot import compiler as aot
+from prolip_jax.config import presets
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import masking
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 flags.DEFINE_list('models', ['B/16', 'SO400M/14'], 'model shapes to compile')
 flags.DEFINE_list('scan', ['false', 'true'], 'model.scan values')

@@ -8,7 +8,7 @@ Times, alternately in one process so both see the same machine load:
 * JAX: the project's real jitted train step (``train.jit_train_step``: the
   ProLIP objective with its masked copies, AdamW, the scale clamp), as
   ``prolip_jax.main`` runs it on one CPU device;
-* PyTorch: ``prolip_jax.torch_reference``'s dual encoder with the same
+* PyTorch: ``prolip_jax.interop.torch_reference``'s dual encoder with the same
   weights, a transcription of the ProLIP loss (PPCL, the three inclusion
   terms, VIB; eq. 6 with the config's weights) written for this benchmark
   only, masked copies of the same rows (image copies keeping the same number
@@ -44,7 +44,7 @@ import numpy as np
 
 
 def arch_config(name: str):
-  from prolip_jax import presets
+  from prolip_jax.config import presets
   c = presets.tiny_demo_config('prolip')
   c.mesh.num_devices = 1
   if name == 'issue':
@@ -76,8 +76,8 @@ def jax_step_fn(config, mask_id: int):
   """``(step() -> metrics, params)``: the real jitted step on one device."""
   import jax
   from prolip_jax import sharding as shd
-  from prolip_jax import optimizer
-  from prolip_jax import train
+  from prolip_jax.training import optimizer
+  from prolip_jax.training import train
   from prolip_jax.models import ModelConfig, ProLIP
   mesh = shd.make_mesh(config.mesh)
   model_cfg = ModelConfig.from_config(config.model)
@@ -102,7 +102,8 @@ def torch_step_fn(config, params, model_cfg, mask_id: int):
   """The same step in PyTorch: reference model, ProLIP loss, AdamW."""
   import torch
   import torch.nn.functional as F
-  from prolip_jax import convert, torch_reference
+  from prolip_jax.interop import convert
+  from prolip_jax.interop import torch_reference
   from prolip_jax.objectives import prolip as prolip_objective
   model = torch_reference.build(model_cfg)
   torch_reference.load_state_dict(

@@ -17,20 +17,16 @@ import os
 import sys
 import time
 
-from absl import app
-from absl import flags
 import jax
-from ml_collections import config_flags
 import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
 
-from prolip_jax import aot
-from prolip_jax import aot_report
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
-from prolip_jax.models import attention_impl_for
-from prolip_jax.models import ModelConfig
-from prolip_jax.models import ProLIP
+from prolip_jax.aot import compiler as aot
+from prolip_jax.models import ModelConfig, ProLIP, attention_impl_for
+from prolip_jax.training import mfu as mfu_lib
+from prolip_jax.training import optimizer, train
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 config_flags.DEFINE_config_file(
@@ -45,8 +41,8 @@ flags.DEFINE_list('sweep_remat', [], 'model.remat values to sweep '
 
 def device_peak_tflops(device) -> float:
   """Dense bf16 peak TFLOP/s of ``device`` from the one table of chips
-  (``aot_report.CHIPS``); 0 for a kind without a known peak."""
-  chip = aot_report.chip_of_device_kind(getattr(device, 'device_kind', ''))
+  (``mfu_lib.CHIPS``); 0 for a kind without a known peak."""
+  chip = mfu_lib.chip_of_device_kind(getattr(device, 'device_kind', ''))
   return chip.peak_bf16_flops / 1e12 if chip else 0.0
 
 
@@ -97,7 +93,7 @@ def measure(config, verbose: bool = True, steps: int | None = None,
   # cost_analysis is per device program; the step is SPMD over all devices.
   xla_flops_step = xla_flops * jax.device_count()
   # The analytic count of prolip_jax.aot and the training loop's MFU.
-  analytic_step = b * aot_report.run_flops_per_pair(
+  analytic_step = b * mfu_lib.run_flops_per_pair(
       config, model_cfg.to_dict())['train']
 
   memory = aot._memory(compiled)  # pylint: disable=protected-access

@@ -17,7 +17,7 @@ sentencepiece models, not OpenAI's BPE.
 
 import ml_collections
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def model_config() -> ml_collections.ConfigDict:

@@ -1,6 +1,6 @@
 """Deterministic CLIP baseline on the bundled digits (no [UNC] tokens)."""
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

@@ -8,7 +8,7 @@ EMA decay is 0.99 here (paper 0.999, for far longer runs). Set
 ``model.use_unc=True`` for the probabilistic variant (CSD-based logits).
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

@@ -15,7 +15,7 @@ Train-time eval adds eq. 2's difference-based accuracy on held-out pairs
 (``eval/diff_acc``). Both terms run on the CLIP ring when the batch is split.
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

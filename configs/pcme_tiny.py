@@ -5,7 +5,7 @@ is PCME++'s pairwise BCE over closed-form sampled distance logits,
 -a * CSD + b with a = b = 5 at init, plus beta * VIB (config.loss.beta).
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

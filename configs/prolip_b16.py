@@ -7,7 +7,7 @@ python -m prolip_jax.main --config configs/prolip_b16.py --workdir DIR \
 Every value below is mapped to its paper section in the README.
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 SEEN_SAMPLES = 1_280_000_000  # 1.28B seen pairs (4.1)
 BATCH_SIZE = 16_384  # 512 per GPU x 32 GPUs (B.1)

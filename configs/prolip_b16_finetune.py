@@ -5,17 +5,17 @@ python -m prolip_jax.main --config configs/prolip_b16_finetune.py \
     --config.data.path='/data/pairs/*.array_record'
 
 ``init_from`` (a Hugging Face snapshot directory or ``hf-hub:OWNER/NAME``,
-see ``prolip_jax/hub.py``) decides the model (the release's architecture and
-forward pass, ``release_compat=True``), the tokenizer (the release's
-``timm/ViT-B-16-SigLIP`` tokenizer.json through the Hugging Face cache,
-canonicalize cleaning, 64 tokens, pad ``</s>`` = 1, [MASK] =
+see ``prolip_jax/interop/hub.py``) decides the model (the release's
+architecture and forward pass, ``release_compat=True``), the tokenizer (the
+release's ``timm/ViT-B-16-SigLIP`` tokenizer.json through the Hugging Face
+cache, canonicalize cleaning, 64 tokens, pad ``</s>`` = 1, [MASK] =
 ``<extra_id_99>`` = 32000) and the normalisation. The weights become step 0
 without optimizer state, so AdamW starts afresh. The recipe is the paper's
 fine-tuning one (B.2: lr 5e-5, no weight decay); the seen-sample budget is
 a placeholder to set for the task.
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 BATCH_SIZE = 4096
 

@@ -5,7 +5,7 @@ python -m prolip_jax.main --config configs/prolip_emoji.py --workdir workdirs/pr
 python -m prolip_jax.evaluate --workdir workdirs/prolip_emoji --config configs/eval/emoji.py
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

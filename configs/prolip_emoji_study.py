@@ -7,7 +7,7 @@ python -m prolip_jax.main --config configs/prolip_emoji_study.py --workdir workd
 python -m prolip_jax.evaluate --workdir workdirs/prolip_emoji_study --config configs/eval/emoji.py --config.data.phrasings=heldout
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

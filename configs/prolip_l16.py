@@ -11,7 +11,7 @@ python -m prolip_jax.aot --config configs/prolip_l16.py --topology v5p:4x4x4
 
 import os
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 _B16 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prolip_b16.py')
 

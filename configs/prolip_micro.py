@@ -3,7 +3,7 @@
 Not a useful model: one-layer 32-wide towers on the bundled digits.
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

@@ -14,7 +14,7 @@ python -m prolip_jax.aot --config configs/prolip_so400m14.py \
 
 import os
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 _B16 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prolip_b16.py')
 

@@ -3,7 +3,7 @@
 python -m prolip_jax.main --config configs/prolip_tiny.py --workdir /tmp/tiny
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

@@ -7,7 +7,7 @@ python -m prolip_jax.main --config configs/siglip_emoji_study.py --workdir workd
 python -m prolip_jax.evaluate --workdir workdirs/siglip_emoji_study --config configs/eval/emoji.py --config.data.phrasings=heldout
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

@@ -10,7 +10,7 @@ the scalars are in params['uniclip']. Train-time zero-shot eval goes through
 the heads with the identity augmentation vector.
 """
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

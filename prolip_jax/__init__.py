@@ -5,6 +5,6 @@ __version__ = '0.1.0'
 
 def load(path, step=None, tokenizer=None):
   """Loads a trained model, an export or Hugging Face snapshot directory, or
-  ``hf-hub:OWNER/NAME``; see ``prolip_jax.inference.load``."""
-  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
-  return inference.load(path, step=step, tokenizer=tokenizer)
+  ``hf-hub:OWNER/NAME``; see ``prolip_jax.interop.load.load``."""
+  from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
+  return load_lib.load(path, step=step, tokenizer=tokenizer)

@@ -10,7 +10,16 @@ from __future__ import annotations
 import os
 from typing import Iterable, Optional, Sequence
 
+from absl import flags
+from ml_collections import config_flags
+
 from prolip_jax import errors
+
+# The config of ``python -m prolip_jax.main`` (and ``prolip_jax.aot``)
+# without --config: the embedded CPU demo.
+DEFAULT_TRAINING_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+    'prolip_tiny.py')
 
 
 def config_path(argv: Sequence[str], default: Optional[str]) -> Optional[str]:
@@ -97,3 +106,51 @@ def cpu_only_without_accelerators():
   if no_accelerator:
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update('jax_platforms', 'cpu')  # jax has read the env already
+
+
+def define_training_flags(argv: Sequence[str]):
+  """Defines the flags; the config flag reads its file and the overrides in
+  ``argv`` at definition."""
+  if 'config' in flags.FLAGS:
+    return
+  config_flags.DEFINE_config_file(
+      'config', DEFAULT_TRAINING_CONFIG, 'Training configuration file.',
+      lock_config=True, sys_argv=argv)
+  flags.DEFINE_string('workdir', 'workdirs/prolip_tiny',
+                      'Checkpoints, tokenizer, metrics and TensorBoard files.')
+  flags.DEFINE_string('coordinator_address', None,
+                      'host:port of process 0 for multi-host runs without '
+                      'auto-detection (TPU and SLURM are detected).')
+  flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
+  flags.DEFINE_integer('process_id', None, 'This process index.')
+  flags.DEFINE_bool('print_config', False, 'Print every config key with its '
+                    'value and meaning, then exit.')
+  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too '
+                    '(also PROLIP_DEBUG=1).')
+  flags.DEFINE_bool('allow_fresh_start', False, 'Train from step 0 although '
+                    'checkpoints_unreadable/ holds steps set aside by an '
+                    'earlier run (refused otherwise).')
+
+
+def parse_training_config(argv: Sequence[str]):
+  """The training config of ``argv`` (``python -m prolip_jax.main``'s and
+  ``prolip_jax.aot``'s flags, defining them first); raises ``UserError``
+  with a one-line reason."""
+  from prolip_jax.config import help as config_help  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
+  path = config_path(argv, DEFAULT_TRAINING_CONFIG)
+  if not os.path.isfile(path):
+    raise errors.UserError(f'config file {path!r} not found')
+  try:
+    keys = config_help.flatten(presets.load_config_file(path))
+  except Exception as e:  # the user's file: report it, don't trace us
+    raise errors.UserError(f'config file {path!r} failed to load: '
+                           f'{type(e).__name__}: {e}') from e
+  check_overrides(argv, keys, '--print_config lists them')
+  try:
+    define_training_flags(argv)
+    rest = flags.FLAGS(argv)
+  except flags.Error as e:
+    raise errors.UserError(str(e)) from e
+  refuse_positional(rest[1:])
+  return flags.FLAGS.config

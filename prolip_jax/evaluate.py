@@ -25,10 +25,10 @@ from absl import logging
 from prolip_jax import command_line
 from prolip_jax import errors
 from prolip_jax import host_memory
-from prolip_jax import inference
-from prolip_jax import paths
 from prolip_jax.evaluation import cli
 from prolip_jax.evaluation import runner
+from prolip_jax.interop import load as load_lib
+from prolip_jax.storage import paths
 
 
 def run(model, config=None, out_dir: Optional[str] = None,
@@ -52,7 +52,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
     path = os.fspath(model)
     if out_dir is None:
       out_dir = paths.join(paths.parse(path, 'model path'), 'eval')
-    model = inference.load(path, step=step)
+    model = load_lib.load(path, step=step)
   return runner.run(model, config, out_dir, log=log, only=only,
                     tfds_data_dir=tfds_data_dir)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from prolip_jax import signals
+from prolip_jax.training import signals
 
 # Before the heavy imports: a Ctrl-C or SIGTERM while they run is kept for
 # the run to act on, not lost inside one of their callbacks.
@@ -27,16 +27,11 @@ if __name__ == '__main__':
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from prolip_jax import command_line
-from prolip_jax import config_help
 from prolip_jax import errors
 from prolip_jax import host_memory
-
-DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
-    'prolip_tiny.py')
+from prolip_jax.config import help as config_help
 
 _USAGE = f"""{__doc__.strip()}
 
@@ -53,51 +48,6 @@ Flags:
   --coordinator_address=HOST:PORT --num_processes=N --process_id=I
                            multi-host runs without auto-detection
 """
-
-
-def _define_flags(argv: list[str]):
-  """Defines the flags; the config flag reads its file and the overrides in
-  ``argv`` at definition."""
-  if 'config' in flags.FLAGS:
-    return
-  config_flags.DEFINE_config_file(
-      'config', DEFAULT_CONFIG, 'Training configuration file.',
-      lock_config=True, sys_argv=argv)
-  flags.DEFINE_string('workdir', 'workdirs/prolip_tiny',
-                      'Checkpoints, tokenizer, metrics and TensorBoard files.')
-  flags.DEFINE_string('coordinator_address', None,
-                      'host:port of process 0 for multi-host runs without '
-                      'auto-detection (TPU and SLURM are detected).')
-  flags.DEFINE_integer('num_processes', None, 'Number of processes (hosts).')
-  flags.DEFINE_integer('process_id', None, 'This process index.')
-  flags.DEFINE_bool('print_config', False, 'Print every config key with its '
-                    'value and meaning, then exit.')
-  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too '
-                    '(also PROLIP_DEBUG=1).')
-  flags.DEFINE_bool('allow_fresh_start', False, 'Train from step 0 although '
-                    'checkpoints_unreadable/ holds steps set aside by an '
-                    'earlier run (refused otherwise).')
-
-
-def _parse(argv: list[str]):
-  """Parses flags; raises ``UserError`` with a one-line reason."""
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
-  path = command_line.config_path(argv, DEFAULT_CONFIG)
-  if not os.path.isfile(path):
-    raise errors.UserError(f'config file {path!r} not found')
-  try:
-    keys = config_help.flatten(presets.load_config_file(path))
-  except Exception as e:  # the user's file: report it, don't trace us
-    raise errors.UserError(f'config file {path!r} failed to load: '
-                           f'{type(e).__name__}: {e}') from e
-  command_line.check_overrides(argv, keys, '--print_config lists them')
-  try:
-    _define_flags(argv)
-    rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    raise errors.UserError(str(e)) from e
-  command_line.refuse_positional(rest[1:])
-  return flags.FLAGS.config
 
 
 # A host that stops sending heartbeats this long is declared dead by the
@@ -132,7 +82,7 @@ def run(argv: list[str]) -> int:
     return 0
 
   def body():
-    config = _parse(argv)
+    config = command_line.parse_training_config(argv)
     if flags.FLAGS.print_config:
       print(config_help.describe(config))
       return 0
@@ -143,7 +93,7 @@ def run(argv: list[str]) -> int:
     # next step instead of 440 MiB of new pages (host_memory.py).
     host_memory.keep_freed_memory_on_cpu()
     _distributed_init()
-    from prolip_jax import train  # pylint: disable=g-import-not-at-top
+    from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
     summary = train.train_and_evaluate(
         config, flags.FLAGS.workdir,
         allow_fresh_start=flags.FLAGS.allow_fresh_start)

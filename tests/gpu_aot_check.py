@@ -3,10 +3,10 @@
 Run by tests/test_attention.py with the python of a jax[cuda12] venv:
 ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
 python tests/gpu_aot_check.py --out result.json``. The step is the one
-``prolip_jax.train`` builds (model with ``attention_impl_for`` of the
+``prolip_jax.training.train`` builds (model with ``attention_impl_for`` of the
 target's devices, optimizer, shardings, donation), lowered from abstract
 state and batch for an H100 described by XLA's target config (the copy in
-prolip_jax/aot_specs/),
+prolip_jax/aot/specs/),
 and compiled. Writes the attention implementation, the counts of cuDNN
 fused-attention kernels (forward, backward) in the compiled HLO, per-device
 memory and compile time as JSON.
@@ -23,17 +23,17 @@ from jax.experimental import topologies
 import jax.numpy as jnp
 
 from prolip_jax import objectives
-from prolip_jax import presets
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SPEC = os.environ.get(
-    'PROLIP_H100_SPEC', os.path.join(ROOT, 'prolip_jax', 'aot_specs',
+    'PROLIP_H100_SPEC', os.path.join(ROOT, 'prolip_jax', 'aot', 'specs',
                                      'h100_sxm.txtpb'))
 
 

@@ -16,14 +16,15 @@ import os
 
 import jax
 import numpy as np
-from absl import flags
 import pytest
+from absl import flags
 
-from prolip_jax import aot
-from prolip_jax import aot_targets
-from prolip_jax import aot_report
-from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax.aot import compiler as aot
+from prolip_jax.aot import report as aot_report
+from prolip_jax.aot import targets as aot_targets
+from prolip_jax.config import presets
+from prolip_jax.training import mfu
 
 HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
 needs_libtpu = pytest.mark.skipif(
@@ -134,12 +135,12 @@ def test_analytic_flops_match_parameter_count():
               + 12 * 4 * (n_img**2 + n_txt**2) * 768  # attention
               + 2 * 196 * 3 * 16 * 16 * 768  # patch embedding
               + 2 * 2 * 2 * 768 * 768)  # mu and log sigma^2 heads
-  got = aot_report.analytic_flops_per_pair(
+  got = mfu.analytic_flops_per_pair(
       ModelConfig.from_config(cfg).to_dict())
   assert got['forward'] == pytest.approx(expected, rel=1e-3)
   assert 45e9 < got['forward'] < 49e9
   assert got['train'] == 3 * got['forward']
-  masked = aot_report.analytic_flops_per_pair(
+  masked = mfu.analytic_flops_per_pair(
       ModelConfig.from_config(cfg).to_dict(),
       {'fraction': 0.125, 'image_keep_ratio': 0.25})
   assert 1.03 < masked['train'] / got['train'] < 1.06
@@ -356,6 +357,7 @@ def test_main_on_a_cpu_machine_does_not_start_libtpu():
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
+
   from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
   if (hardware_utils.num_available_tpu_chips_and_device_id()[0]
       or hardware_utils.has_visible_nvidia_gpu()):

@@ -9,10 +9,10 @@ import optax
 import pytest
 from PIL import Image
 
-from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.applications import bprw
 from prolip_jax.applications import filtering
 from prolip_jax.applications import traversal
+from prolip_jax.evaluation import metrics as eval_metrics
 
 
 # ---------------------------------------------------------------------------
@@ -319,8 +319,8 @@ def test_select_from_score_files_merges_hosts(tmp_path):
 
 
 def _random_model(tmp_path):
-  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from prolip_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
@@ -338,7 +338,7 @@ def _random_model(tmp_path):
   path = tok_lib.train_tokenizer(corpus[:800] + corpus[-40:],
                                  str(tmp_path / 'tok.model'), 256)
   tok = tok_lib.Tokenizer(path, cfg.text.context_length, pad_id=0)
-  return inference.LoadedModel(cfg, params, tok, batch_size=16)
+  return load_lib.LoadedModel(cfg, params, tok, batch_size=16)
 
 
 @pytest.mark.slow

@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 from prolip_jax.models import attention
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import cudnn_refusal
+from prolip_jax.models import masking
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
-from prolip_jax.models import masking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))

@@ -10,16 +10,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from prolip_jax import config_drift
-from prolip_jax import config_help
-from prolip_jax import config_keys
 from prolip_jax import objectives
-from prolip_jax import presets
+from prolip_jax.config import drift as config_drift
+from prolip_jax.config import help as config_help
+from prolip_jax.config import keys as config_keys
+from prolip_jax.config import presets
 from prolip_jax.evaluation import evaluators
-from prolip_jax import optimizer
-from prolip_jax import train
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')

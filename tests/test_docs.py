@@ -112,7 +112,7 @@ def test_readme_snippet_runs_on_a_trained_workdir(tmp_path, monkeypatch,
   """The README's "Using a trained model" snippet, run as written on a short
   run in ``workdirs/prolip_tiny``: it encodes one digit of each class and
   prints their predictions beside the labels 0-9."""
-  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(
       'prolip_micro', os.path.join(REPO, 'configs', 'prolip_micro.py'))
   cfg_mod = importlib.util.module_from_spec(spec)

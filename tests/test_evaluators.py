@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import evaluate
-from prolip_jax import inference
-from prolip_jax import presets
 from prolip_jax import sharding as shd
+from prolip_jax.config import presets
 from prolip_jax.data import eval_data
 from prolip_jax.evaluation import datasets
 from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.evaluation import runner
 from prolip_jax.evaluation import sharded
+from prolip_jax.interop import load as load_lib
+from prolip_jax.storage import checkpoint
 from test_evaluate import workdir  # pylint: disable=unused-import
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +51,7 @@ def _png(image: Image.Image) -> bytes:
 
 @pytest.fixture(scope='module')
 def model(workdir):  # pylint: disable=redefined-outer-name
-  return inference.load(workdir)
+  return load_lib.load(workdir)
 
 
 @pytest.fixture(scope='module')
@@ -325,7 +325,7 @@ def test_b16_config_evaluators_on_mock_tfds(model, tfds, tmp_path):
 def test_training_runs_its_evaluators_and_skips_missing_data(tmp_path,
                                                             capfd):
   import test_faults  # pylint: disable=g-import-not-at-top
-  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
   cfg = test_faults.micro_config(total_steps=4)
   cfg.evals = {
       'digits_zs': {'kind': 'zero_shot', 'data': 'digits:heldout',

@@ -21,11 +21,11 @@ import jax
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
 from prolip_jax import errors
-from prolip_jax import presets
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.evaluation import train_time
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -532,7 +532,7 @@ def test_help_and_print_config():
   assert any(l.startswith('optim.lr = ') and '# peak learning rate' in l
              for l in lines)
   flat = presets.load_config_file(MICRO)
-  from prolip_jax import config_help  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import help as config_help  # pylint: disable=g-import-not-at-top
   assert len(lines) == len(config_help.flatten(flat))
 
 
@@ -673,7 +673,7 @@ def test_each_optimizer_key_on_resume_resumes_or_refuses(tmp_path):
   """Every optim.* key changed on resume: the run either resumes from the
   newest step with its optimizer state restored, or refuses in one line;
   it never sets a checkpoint aside."""
-  from prolip_jax import config_keys  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import keys as config_keys  # pylint: disable=g-import-not-at-top
   assert set(OPTIM_CHANGES) == {k for k in config_keys.KEYS
                                 if k.startswith('optim.')}
   workdir = str(tmp_path)
@@ -705,7 +705,7 @@ def test_a_checkpoint_of_another_tree_is_refused_not_set_aside(
   """The restore itself cannot destroy: with the drift rule for
   optim.grad_clip switched off, the optimizer-state tree no longer fits,
   and the run stops naming the setting instead of setting steps aside."""
-  from prolip_jax import config_keys  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import keys as config_keys  # pylint: disable=g-import-not-at-top
   train.train_and_evaluate(micro_config(total_steps=4,
                                         checkpoint_every_steps=2),
                            str(tmp_path))
@@ -922,7 +922,7 @@ def test_sigterm_in_the_last_step_leaves_the_final_evaluations_to_the_rerun(
 
 
 def test_truncate_metrics_keeps_rows_up_to_the_step(tmp_path):
-  from prolip_jax import progress  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import progress  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'metrics.jsonl'
   rows = [json.dumps({'step': s, 'loss': s / 10}) for s in range(1, 6)]
   path.write_text('\n'.join(rows) + '\n' + rows[-1][:7])

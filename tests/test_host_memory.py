@@ -57,7 +57,8 @@ def test_freed_step_buffer_is_reused_not_mapped_afresh():
   # glibc as it is: every call maps the buffer afresh and faults its pages.
   assert default > pages // 2, (pages, default)
   pages, kept = _faults('keep')
-  assert kept < pages // 100, (pages, kept)
+  # A tenth: other allocations of a loaded process may fault some pages.
+  assert kept < pages // 10, (pages, kept)
 
 
 @pytest.mark.parametrize('platforms,expected', [

@@ -174,7 +174,7 @@ def test_tokenizer_from_config_reads_the_tokenizer_keys(tok_dir):
   the file's own pad id / [MASK]; a stored config without the keys (an older
   version's) reads their declared defaults; a given pad id wins."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   path = str(tok_dir / 'spm.model')
   sp = spm.SentencePieceProcessor(model_file=path)
   text = ' '.join(['A Photo of the BIG dog'] * 5)
@@ -268,7 +268,7 @@ def _write_snapshot(directory, family, seed=0):
   model (every tensor random: wrong transposes cannot hide)."""
   import torch  # pylint: disable=g-import-not-at-top
   from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
-  from prolip_jax import torch_reference  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import torch_reference  # pylint: disable=g-import-not-at-top
   os.makedirs(directory, exist_ok=True)
   model = torch_reference.build(_expected_model(family))
   gen = torch.Generator().manual_seed(seed)
@@ -382,7 +382,7 @@ def test_release_snapshot_parity(family, tmp_path, tok_dir, offline):
   """load(snapshot dir) on raw strings and images == the release pipeline."""
   pytest.importorskip('torch')
   import prolip_jax  # pylint: disable=g-import-not-at-top
-  from prolip_jax import convert  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import convert  # pylint: disable=g-import-not-at-top
   snap = tmp_path / 'snap'
   ref_model = _write_snapshot(str(snap), family, seed=len(family))
   assert convert.model_dict_from_json(_release_json(family)) == dict(
@@ -520,7 +520,7 @@ def test_release_snapshot_scores_mode_files_as_the_release(tmp_path, tok_dir,
 
 def test_release_preset_settings(tmp_path, offline, tok_dir):
   pytest.importorskip('torch')
-  from prolip_jax import hub  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import hub  # pylint: disable=g-import-not-at-top
   snap = tmp_path / 'snap'
   _write_snapshot(str(snap), 'B-16')
   s = hub.snapshot_settings(hub.resolve(str(snap)))
@@ -544,7 +544,7 @@ def test_release_preset_settings(tmp_path, offline, tok_dir):
 def test_hf_hub_from_offline_cache_and_errors(tmp_path, offline, tok_dir):
   pytest.importorskip('torch')
   import prolip_jax  # pylint: disable=g-import-not-at-top
-  from prolip_jax import hub  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import hub  # pylint: disable=g-import-not-at-top
   src = tmp_path / 'src'
   _write_snapshot(str(src), 'B-16', seed=5)
   _cache_repo(offline, MODEL_REPO, src)
@@ -606,7 +606,12 @@ def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
   --hub_compatible -> load: finite, changed, and the reference agrees."""
   pytest.importorskip('torch')
   import prolip_jax  # pylint: disable=g-import-not-at-top
-  from prolip_jax import checkpoint, presets, torch_reference, train  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets
+  from prolip_jax.interop import torch_reference
+  from prolip_jax.storage import checkpoint
+  from prolip_jax.training import train
+  # pylint: enable=g-import-not-at-top
   snap = tmp_path / 'snap'
   _write_snapshot(str(snap), 'B-16', seed=7)
   cfg = presets.load_config_file(os.path.join(ROOT, 'configs',
@@ -662,7 +667,7 @@ def test_existing_configs_keep_the_old_text_and_image_path():
   """New settings default to the old behaviour in every shipped config
   (the tiny demos' numbers cannot change); only the fine-tune config names
   init_from (empty until set on the command line)."""
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   names = sorted(f for f in os.listdir(os.path.join(ROOT, 'configs'))
                  if f.endswith('.py'))
   assert 'prolip_b16_finetune.py' in names

@@ -36,19 +36,19 @@ import pytest
 from PIL import Image
 
 import prolip_jax
-from prolip_jax import checkpoint
-from prolip_jax import convert
 from prolip_jax import embedding
 from prolip_jax import errors
 from prolip_jax import evaluate
-from prolip_jax import hub
-from prolip_jax import inference
-from prolip_jax import manifest
-from prolip_jax import presets
+from prolip_jax.config import presets
 from prolip_jax.data import image_decode
-from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import file_sha256
+from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
+from prolip_jax.interop import convert
+from prolip_jax.interop import hub
+from prolip_jax.interop import load as load_lib
+from prolip_jax.interop import manifest
+from prolip_jax.storage import checkpoint
 
 import test_user_errors  # the tiny model and its parameters
 
@@ -84,13 +84,13 @@ def params():
 @pytest.fixture(scope='module')
 def model(params, tok_path):
   """TINY built in-process (our eval transform, RGB first)."""
-  return inference.LoadedModel(TINY, params, Tokenizer(tok_path, 12))
+  return load_lib.LoadedModel(TINY, params, Tokenizer(tok_path, 12))
 
 
 @pytest.fixture(scope='module')
 def release_model(params, tok_path):
   """TINY with the release's eval transform (resize in the stored mode)."""
-  return inference.LoadedModel(TINY, params, Tokenizer(tok_path, 12),
+  return load_lib.LoadedModel(TINY, params, Tokenizer(tok_path, 12),
                                image_view='release', image_order='release')
 
 
@@ -120,7 +120,7 @@ def test_one_image_without_a_list_is_refused(model, tmp_path, single):
            'bytes': (tmp_path / 'x.png').read_bytes()}[single]
   # Class Gaussians given directly: no text tower needed here.
   rng = np.random.default_rng(1)
-  clf = inference.ZeroShotClassifier(
+  clf = load_lib.ZeroShotClassifier(
       model, ['cat', 'dog'], rng.standard_normal((2, TINY.embed_dim)),
       np.exp(rng.standard_normal((2, TINY.embed_dim))))
   for fn in (model.encode_image, model.preprocess_images, clf.scores,
@@ -517,8 +517,8 @@ def _overflowing(params):
 def test_load_refuses_finite_weights_that_embed_as_nan(params, tok_path,
                                                        tmp_path):
   bad = _overflowing(params)
-  inference.require_finite(bad, 'x')  # finite: the old check passes
-  mu, _ = inference.LoadedModel(TINY, bad, Tokenizer(tok_path, 12)).image_fn(
+  load_lib.require_finite(bad, 'x')  # finite: the old check passes
+  mu, _ = load_lib.LoadedModel(TINY, bad, Tokenizer(tok_path, 12)).image_fn(
       np.full((1, 16, 16, 3), 128, np.uint8))
   assert not np.all(np.isfinite(np.asarray(mu)))  # the premise, directly
   out = _write_export(str(tmp_path / 'bad'), bad, tok_path)
@@ -533,7 +533,7 @@ def test_the_probe_is_compiled_once_per_architecture(exports):
   """Loading the same kind of model again does not compile the probe
   again (it takes the parameters as an argument)."""
   prolip_jax.load(exports[False])
-  fn = inference._probe_fn(prolip_jax.load(exports[False]))
+  fn = load_lib._probe_fn(prolip_jax.load(exports[False]))
   size = fn._cache_size()
   prolip_jax.load(exports[True])
   assert fn._cache_size() == size

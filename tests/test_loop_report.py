@@ -19,16 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prolip_jax import aot_report
 from prolip_jax import errors
-from prolip_jax import loop_report
-from prolip_jax import profiling
-from prolip_jax import progress
-from prolip_jax import presets
-from prolip_jax import step_timing
-from prolip_jax import train
-from prolip_jax import wandb_sink
+from prolip_jax.config import presets
 from prolip_jax.models import ModelConfig
+from prolip_jax.training import (
+  loop_report,
+  mfu,
+  profiling,
+  progress,
+  step_timing,
+  train,
+  wandb_sink,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100 = types.SimpleNamespace(device_kind='NVIDIA H100 80GB HBM3')
@@ -166,7 +168,7 @@ def test_loop_mfu_uses_the_aot_flops_and_the_chip_table():
   step, against the table's 989 TFLOP/s."""
   config = _config('prolip_b16.py', batch_size=4096)
   report = _report(config, [H100] * 8)
-  flops = aot_report.run_flops_per_pair(
+  flops = mfu.run_flops_per_pair(
       config, ModelConfig.from_config(config.model).to_dict())['train']
   assert report.flops_per_pair == flops
   assert 147e9 < flops < 148.5e9  # docs/performance.md: 147 GFLOP per pair
@@ -182,13 +184,13 @@ def test_loop_mfu_uses_the_aot_flops_and_the_chip_table():
 
 
 def test_chip_table_by_device_kind():
-  assert aot_report.chip_of_device_kind('TPU v5 lite').peak_bf16_flops == \
+  assert mfu.chip_of_device_kind('TPU v5 lite').peak_bf16_flops == \
       197e12
-  assert aot_report.chip_of_device_kind('TPU v4').peak_bf16_flops == 275e12
-  assert aot_report.chip_of_device_kind('NVIDIA H200').peak_bf16_flops == \
+  assert mfu.chip_of_device_kind('TPU v4').peak_bf16_flops == 275e12
+  assert mfu.chip_of_device_kind('NVIDIA H200').peak_bf16_flops == \
       989e12
   for unknown in ('cpu', 'NVIDIA H100 PCIe', 'TPU v3'):
-    assert aot_report.chip_of_device_kind(unknown) is None
+    assert mfu.chip_of_device_kind(unknown) is None
 
 
 def test_cpu_gets_model_flops_and_no_mfu(capsys):
@@ -325,7 +327,7 @@ def test_profile_is_written_locally_then_uploaded(tmp_path, monkeypatch):
     local.mkdir()
     staged.append(str(local))
     yield str(local)
-    from prolip_jax import paths  # pylint: disable=g-import-not-at-top
+    from prolip_jax.storage import paths  # pylint: disable=g-import-not-at-top
     paths.upload_tree(str(local), str(dest))
 
   monkeypatch.setattr(profiling.paths, 'local_dir_for', local_dir_for)

@@ -13,10 +13,10 @@ import os
 from absl import flags
 import pytest
 
-from prolip_jax import config_help
 from prolip_jax import errors
 from prolip_jax import main
-from prolip_jax import presets
+from prolip_jax.config import help as config_help
+from prolip_jax.config import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')

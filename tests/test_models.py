@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 from prolip_jax.models import count_params
 from prolip_jax.models import init_params
 from prolip_jax.models import mask_text_tokens

@@ -47,7 +47,7 @@ def _config_with_evaluator(tmp_path) -> str:
   run at the end of training."""
   path = tmp_path / 'micro_with_eval.py'
   path.write_text(
-      'from prolip_jax import presets\n'
+      'from prolip_jax.config import presets\n'
       'def get_config():\n'
       f'  c = presets.load_config_file({CONFIG!r})\n'
       "  c.evals = {'digits_zs': {'kind': 'zero_shot', "

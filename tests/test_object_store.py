@@ -26,17 +26,17 @@ import numpy as np
 import pytest
 
 import prolip_jax
-from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import main as main_lib
-from prolip_jax import manifest
-from prolip_jax import paths
-from prolip_jax import progress
-from prolip_jax import workdir_lock
 from prolip_jax.data import record_sources
 from prolip_jax.evaluation import datasets
-from prolip_jax.workdir import Workdir
-from prolip_jax.workdir_lock import WorkdirLock
+from prolip_jax.interop import manifest
+from prolip_jax.storage import paths
+from prolip_jax.storage.workdir import Workdir
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import progress
+from prolip_jax.training import workdir_lock
+from prolip_jax.training.workdir_lock import WorkdirLock
 import test_user_errors as tue  # the tiny imported workdir and the tools
 from test_user_errors import export_tool  # pylint: disable=unused-import
 from test_user_errors import import_tool  # pylint: disable=unused-import
@@ -379,7 +379,7 @@ def test_the_pod_command_on_gcs_two_hosts_preempted_on_one_resumes_exactly(
 
 def test_a_tokenizer_model_path_on_gcs_is_copied_into_the_workdir(
     gcs, tmp_path, tokenizers):
-  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
   from prolip_jax.data.tokenizer import file_sha256  # pylint: disable=g-import-not-at-top
   src = gcs.url('tok.model')
   paths.copy_file(tokenizers[0], src)

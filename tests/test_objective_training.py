@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
 from prolip_jax import embedding
 from prolip_jax import objectives
-from prolip_jax import presets
-from prolip_jax import train
+from prolip_jax.config import presets
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import train
 
 from test_train import load_config
 

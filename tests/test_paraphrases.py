@@ -259,8 +259,8 @@ def test_study_configs_are_twins_at_one_budget():
   """The emoji study: ProLIP and its SigLIP twin differ only in what the
   objective needs; both train on 'fit' (the validation names held back)
   with the paraphrase pools, three times the demo's length."""
-  from prolip_jax import config_help  # pylint: disable=g-import-not-at-top
-  from prolip_jax import presets  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import help as config_help  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   pro = presets.emoji_study_config('prolip')
   sig = presets.emoji_study_config('siglip')
   demo = presets.emoji_demo_config('prolip')

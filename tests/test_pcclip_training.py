@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from prolip_jax import objectives
-from prolip_jax import train
 from prolip_jax.data import digits
 from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
+from prolip_jax.training import train
 
 from test_objective_training import load_config
 from test_objective_training import micro

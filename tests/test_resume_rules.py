@@ -15,11 +15,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
-from prolip_jax import config_drift
 from prolip_jax import errors
-from prolip_jax import presets
-from prolip_jax.workdir_lock import WorkdirLock
+from prolip_jax.config import drift as config_drift
+from prolip_jax.config import presets
+from prolip_jax.storage import checkpoint
+from prolip_jax.training.workdir_lock import WorkdirLock
 import test_faults  # damage_file: the same damage as the end-to-end tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

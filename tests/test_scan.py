@@ -14,18 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
-from prolip_jax import convert
-from prolip_jax import file_names
-from prolip_jax import hub
-from prolip_jax import presets
-from prolip_jax import optimizer
-from prolip_jax import train
-from prolip_jax.inference import LoadedModel
+from prolip_jax.config import presets
+from prolip_jax.interop import convert
+from prolip_jax.interop import hub
+from prolip_jax.interop.load import LoadedModel
 from prolip_jax.models import init_params
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 from prolip_jax.models import random_keep_indices
+from prolip_jax.storage import file_names
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 
 def _cfg(**kw):
@@ -205,7 +205,7 @@ def test_old_configs_keep_their_meaning_and_new_keys_are_checked():
 
 
 def test_resuming_a_run_stored_before_the_new_keys_is_not_drift():
-  from prolip_jax import config_drift  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import drift as config_drift  # pylint: disable=g-import-not-at-top
   from prolip_jax import errors  # pylint: disable=g-import-not-at-top
   requested = presets.base_config()
   stored = requested.to_dict()

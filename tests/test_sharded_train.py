@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
-from prolip_jax import train
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import train
 
 from test_train import micro_config
 

@@ -26,11 +26,11 @@ from PIL import Image
 import pytest
 
 import prolip_jax
-from prolip_jax import checkpoint
 from prolip_jax import errors
-from prolip_jax import manifest
-from prolip_jax import paths
 from prolip_jax.data import record_format
+from prolip_jax.interop import manifest
+from prolip_jax.storage import paths
+from prolip_jax.storage import checkpoint
 import test_user_errors as tue  # the tiny imported workdir and the tools
 from test_user_errors import export_tool  # pylint: disable=unused-import
 from test_user_errors import import_tool  # pylint: disable=unused-import
@@ -282,7 +282,7 @@ def config_file(tmp_path_factory):
   """A config file whose model is the tiny one of the workdirs."""
   path = tmp_path_factory.mktemp('config') / 'tiny.py'
   path.write_text(
-      'import ml_collections\nfrom prolip_jax import presets\n\n'
+      'import ml_collections\nfrom prolip_jax.config import presets\n\n'
       'def get_config():\n  c = presets.base_config()\n'
       f'  c.model = ml_collections.ConfigDict({tue.TINY.to_dict()!r})\n'
       '  return c\n')

@@ -22,14 +22,14 @@ torch = pytest.importorskip('torch')
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from safetensors.numpy import save_file
 
-from prolip_jax import checkpoint
-from prolip_jax import convert
-from prolip_jax import torch_reference
+from prolip_jax.interop import convert
+from prolip_jax.interop import torch_reference
+from prolip_jax.models import init_params
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 from prolip_jax.models import TextConfig
 from prolip_jax.models import VisionConfig
-from prolip_jax.models import init_params
+from prolip_jax.storage import checkpoint
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.torch
@@ -161,8 +161,8 @@ def _tree_equal(a, b):
 
 @pytest.mark.slow
 def test_import_prolip_jax_is_torch_free():
-  code = ('import sys, prolip_jax, prolip_jax.convert, '
-          'prolip_jax.torch_reference; '
+  code = ('import sys, prolip_jax, prolip_jax.interop.convert, '
+          'prolip_jax.interop.torch_reference; '
           'assert "torch" not in sys.modules and "jax" not in sys.modules, '
           'sorted(m for m in sys.modules if m in ("torch", "jax"))')
   subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT)
@@ -438,7 +438,7 @@ def export_tool():
 def _write_config(tmp_path, cfg):
   path = tmp_path / 'cfg.py'
   path.write_text(
-      'import ml_collections\nfrom prolip_jax import presets\n\n'
+      'import ml_collections\nfrom prolip_jax.config import presets\n\n'
       'def get_config():\n  c = presets.base_config()\n'
       f'  c.model = ml_collections.ConfigDict({cfg.to_dict()!r})\n'
       '  return c\n')
@@ -589,7 +589,7 @@ def test_readme_pytorch_snippet_runs_on_an_export(tmp_path, monkeypatch,
   import importlib.util  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
   import prolip_jax  # pylint: disable=g-import-not-at-top
-  from prolip_jax import train  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location(

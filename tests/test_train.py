@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
-from prolip_jax import presets
-from prolip_jax import optimizer
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 from prolip_jax.objectives import prolip as prolip_objective
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),

@@ -18,12 +18,12 @@ import optax
 import pytest
 
 from prolip_jax import objectives
-from prolip_jax import presets
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.data import transforms
 from prolip_jax.models import ProLIP
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASK_ID = 3

@@ -18,22 +18,22 @@ import optax
 import pytest
 
 import prolip_jax
-from prolip_jax import checkpoint
 from prolip_jax import embedding
-from prolip_jax import inference
 from prolip_jax import objectives
-from prolip_jax import presets
 from prolip_jax import sharding as shd
-from prolip_jax import optimizer
-from prolip_jax import train
-from prolip_jax.objectives import uniclip as uniclip_train
+from prolip_jax.config import presets
 from prolip_jax.data import digits
 from prolip_jax.data import pipeline
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
+from prolip_jax.interop import load as load_lib
 from prolip_jax.losses import uniclip as uniclip_loss
 from prolip_jax.models import ProLIP
+from prolip_jax.objectives import uniclip as uniclip_train
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 from test_train import _tool
 from test_train import load_config
@@ -205,7 +205,7 @@ def _check_load_and_export(workdir, train_eval, tmp_path):
   acc = float(np.mean(clf.predict(rgb) == labels))
   assert acc == pytest.approx(train_eval['zeroshot_cosine_top1'], abs=1e-9)
   # The towers' own outputs score differently: that is what the heads change.
-  towers = inference.LoadedModel(model.config, model.params, model.tokenizer,
+  towers = load_lib.LoadedModel(model.config, model.params, model.tokenizer,
                                  model.mean, model.std)
   tower_acc = float(np.mean(towers.zero_shot_classifier(
       list(digits.CLASS_NAMES), list(digits.EVAL_TEMPLATES)).predict(rgb)

@@ -31,21 +31,21 @@ import pytest
 from PIL import Image
 
 import prolip_jax
-from prolip_jax import checkpoint
 from prolip_jax import errors
 from prolip_jax import main
-from prolip_jax import presets
-from prolip_jax import resume
-from prolip_jax import train
+from prolip_jax.config import presets
 from prolip_jax.data import converters
 from prolip_jax.data import record_sources
-from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import file_sha256
+from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import TextConfig
 from prolip_jax.models import VisionConfig
 from prolip_jax.models.prolip import init_params
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import resume
+from prolip_jax.training import train
 import test_faults  # the micro config and the subprocess environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -325,7 +325,7 @@ def test_stale_staging_folder_of_a_killed_export_is_cleaned(
 
 def test_replace_dir_without_an_atomic_exchange_still_replaces_whole(
     tmp_path, monkeypatch):
-  from prolip_jax import atomic  # pylint: disable=g-import-not-at-top
+  from prolip_jax.storage import atomic  # pylint: disable=g-import-not-at-top
   target = tmp_path / 'out'
   target.mkdir()
   (target / 'old.txt').write_text('old')

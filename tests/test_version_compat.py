@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from prolip_jax import checkpoint
+from prolip_jax.storage import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ FLAGS = ['--config', MICRO, '--config.total_steps=4',
 # Run by the old Python: its jax version, and each checkpoint's parameters.
 DUMP = '''
 import sys, jax, numpy as np
-from prolip_jax import checkpoint
+from prolip_jax.storage import checkpoint
 workdir, out = sys.argv[1], sys.argv[2]
 arrays = {}
 for step in (2, 4):

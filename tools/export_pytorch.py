@@ -3,18 +3,19 @@
 python tools/export_pytorch.py --workdir DIR [--step N] --out OUT [--hub_compatible]
 
 Writes ``OUT/model.safetensors`` (fp32 state dict, see
-``prolip_jax/convert/keys.py`` for the keys), ``OUT/config.json`` (the
+``prolip_jax/interop/convert/keys.py`` for the keys), ``OUT/config.json`` (the
 release's schema plus a ``prolip_jax`` key with the exact model config,
 tokenizer file, normalisation constants and step) and copies
 ``WORKDIR/tokenizer.model`` when present.
-``prolip_jax.torch_reference.load(OUT)`` runs it in PyTorch,
+``prolip_jax.interop.torch_reference.load(OUT)`` runs it in PyTorch,
 ``prolip_jax.load(OUT)`` in JAX. The export is built in a folder beside
 ``OUT`` and swapped in whole (a re-export replaces ``OUT`` whole; a killed
 export leaves the previous one); ``prolip_jax.json``/config.json record the
 tokenizer's sha256, checked on load, and ``prolip_jax_manifest.json`` the
 size and sha256 of every file. ``--workdir`` and ``--out`` may be
 ``gs://``/``s3://`` URLs: there, with no folder to swap, the old manifest is
-removed first and the new one uploaded last (``prolip_jax/manifest.py``).
+removed first and the new one uploaded last
+(``prolip_jax/interop/manifest.py``).
 
 An export never deletes what it did not write: ``OUT`` must be missing,
 empty, or an export of ours (every file in it listed by its manifest, or
@@ -50,21 +51,21 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from prolip_jax import atomic
-from prolip_jax import checkpoint
-from prolip_jax import convert
 from prolip_jax import errors
-from prolip_jax import file_names
-from prolip_jax import manifest
-from prolip_jax import paths
 from prolip_jax import objectives
-from prolip_jax.data.tokenizer import HF_JSON
 from prolip_jax.data.tokenizer import file_kind
 from prolip_jax.data.tokenizer import file_sha256
-from prolip_jax.file_names import CONFIG_FILE
-from prolip_jax.file_names import PROJECT_FILE
-from prolip_jax.file_names import WEIGHTS_FILE
-from prolip_jax.workdir import Workdir
+from prolip_jax.data.tokenizer import HF_JSON
+from prolip_jax.interop import convert
+from prolip_jax.interop import manifest
+from prolip_jax.storage import atomic
+from prolip_jax.storage import file_names
+from prolip_jax.storage import paths
+from prolip_jax.storage.file_names import CONFIG_FILE
+from prolip_jax.storage.file_names import PROJECT_FILE
+from prolip_jax.storage.file_names import WEIGHTS_FILE
+from prolip_jax.storage.workdir import Workdir
+from prolip_jax.storage import checkpoint
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

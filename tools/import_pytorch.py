@@ -8,10 +8,10 @@ Reads the state dict (safetensors; ``.bin``/``.pt``/``.pth`` through
 ``torch.load(weights_only=True)``, also open_clip training checkpoints with a
 ``state_dict`` entry and DDP's ``module.`` prefix), converts it to the
 parameters of the config's model (``ModelConfig.from_config(config.model)``)
-with ``prolip_jax.convert.state_dict_to_params``, prints the report (tensors
-created from init, dropped, reshaped, cast) and writes an Orbax checkpoint at
-step 0 in ``DIR/checkpoints`` with the items ``params`` and ``meta`` =
-``{'step': 0, 'config': ..., 'model': ..., 'has_opt_state': False,
+with ``prolip_jax.interop.convert.state_dict_to_params``, prints the report
+(tensors created from init, dropped, reshaped, cast) and writes an Orbax
+checkpoint at step 0 in ``DIR/checkpoints`` with the items ``params`` and
+``meta`` = ``{'step': 0, 'config': ..., 'model': ..., 'has_opt_state': False,
 'imported_from': ...}`` and NO ``opt_state`` item (Orbax cannot save an
 empty one): training from this workdir must initialise a fresh optimizer when
 the checkpoint has no ``opt_state`` (``'opt_state' not in
@@ -47,15 +47,15 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from prolip_jax import atomic
-from prolip_jax import checkpoint
-from prolip_jax import convert
 from prolip_jax import errors
-from prolip_jax import manifest
-from prolip_jax import paths
-from prolip_jax import workdir as workdir_lib
 from prolip_jax.data.tokenizer import Tokenizer
-from prolip_jax.workdir import Workdir
+from prolip_jax.interop import convert
+from prolip_jax.interop import manifest
+from prolip_jax.storage import atomic
+from prolip_jax.storage import paths
+from prolip_jax.storage import workdir as workdir_lib
+from prolip_jax.storage.workdir import Workdir
+from prolip_jax.storage import checkpoint
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TORCH_SUFFIXES = ('.bin', '.pt', '.pth')

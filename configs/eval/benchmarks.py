@@ -14,7 +14,7 @@ docs/evaluation.md for the settings of each kind.
 
 import ml_collections
 
-from prolip_jax import presets
+from prolip_jax.config import presets
 
 
 def get_config():

@@ -132,7 +132,7 @@ def make_scorer(model, mesh=None, w_img: float = 0.0, w_txt: float = 0.0
                 ) -> Callable[[Any, Any], jax.Array]:
   """``fn(images (b, s, s, 3) uint8, tokens (b, L) int32) -> scores (b,)``.
 
-  ``model``: a ``prolip_jax.inference.LoadedModel`` (config, params,
+  ``model``: a ``prolip_jax.interop.load.LoadedModel`` (config, params,
   mean/std). With ``mesh`` the function is jitted with the batch split over
   the mesh's batch axes and the parameters replicated; inputs may be host
   arrays (the global batch) or global ``jax.Array``s built with

@@ -20,7 +20,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from prolip_jax import errors
-from prolip_jax import paths
+from prolip_jax.storage import paths
 from prolip_jax.data import record_format
 from prolip_jax.data.bad_records import BAD_CAPTION
 from prolip_jax.data.bad_records import BadRecord

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from prolip_jax import config_keys
+from prolip_jax.config import keys as config_keys
 from prolip_jax import errors
 from prolip_jax.data import digits
 from prolip_jax.data import emoji

@@ -31,9 +31,9 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from prolip_jax import config_keys
+from prolip_jax.config import keys as config_keys
 from prolip_jax import errors
-from prolip_jax import file_names
+from prolip_jax.storage import file_names
 from prolip_jax.data import text_clean
 
 MASK_PIECE = '[MASK]'

@@ -1,7 +1,7 @@
 """Evaluation: zero-shot, retrieval, the uncertainty report, applications.
 
 Modules (each importable on its own; this package imports none of them, so
-``prolip_jax.inference`` can use ``metrics`` and ``zero_shot`` without
+``prolip_jax.interop.load`` can use ``metrics`` and ``zero_shot`` without
 pulling in the runner). Evaluation imports neither the training loop nor
 the model loader: ``train`` hands it the objective and a place for its
 progress lines, ``prolip_jax/evaluate.py`` (the command) a loaded model.

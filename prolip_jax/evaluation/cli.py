@@ -31,7 +31,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from prolip_jax import command_line
-from prolip_jax import config_help
+from prolip_jax.config import help as config_help
 from prolip_jax import errors
 
 # No config file: the checkpoint's own evaluators (runner.checkpoint_evals).

@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from prolip_jax import errors
-from prolip_jax import paths
+from prolip_jax.storage import paths
 from prolip_jax.data import eval_data
 from prolip_jax.data import record_format
 from prolip_jax.data import record_sources

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import ml_collections
 
 from prolip_jax import errors
-from prolip_jax import paths
+from prolip_jax.storage import paths
 from prolip_jax import sharding as shd
 from prolip_jax.evaluation import evaluators
 from prolip_jax.evaluation import sharded

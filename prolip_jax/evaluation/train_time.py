@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from prolip_jax import paths
+from prolip_jax.storage import paths
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
 from prolip_jax.embedding import embed_in_batches
@@ -36,7 +36,7 @@ from prolip_jax.evaluation.report import evaluator_line
 from prolip_jax.evaluation.report import heldout_line
 from prolip_jax.evaluation.zero_shot import prompt_ensemble
 from prolip_jax.losses import csd
-from prolip_jax.workdir import Workdir
+from prolip_jax.storage.workdir import Workdir
 
 Encoders = tuple[Callable, Callable]
 

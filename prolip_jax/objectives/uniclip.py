@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from prolip_jax import config_keys
+from prolip_jax.config import keys as config_keys
 from prolip_jax import sharding as shd
 from prolip_jax.data import transforms
 from prolip_jax.embedding import train_images

@@ -1,0 +1,245 @@
+"""Model presets as ``ConfigDict``s matching ``ModelConfig``'s fields.
+
+``model_preset('B/16')`` is the paper's ProLIP ViT-B/16: 224px, patch 16,
+12x768 image and text towers, 12 heads, context 64, embedding 768, vocabulary
+32,100 (the SigLIP sentencepiece model).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import ml_collections
+
+from prolip_jax.config import keys as config_keys
+
+_VISION = {
+    # name: (image_size, patch, width, layers, heads)
+    'tiny': (32, 8, 128, 4, 4),
+    'B/32': (224, 32, 768, 12, 12),
+    'B/16': (224, 16, 768, 12, 12),
+    'L/16': (224, 16, 1024, 24, 16),
+    # SigLIP's shape-optimised ViT (Alabdulmohsin et al., 2023), 224 px.
+    'SO400M/14': (224, 14, 1152, 27, 16),
+}
+_TEXT = {
+    # name: (width, layers, heads, context_length, vocab_size)
+    'tiny': (128, 3, 4, 32, 256),
+    'B/32': (768, 12, 12, 64, 32100),
+    'B/16': (768, 12, 12, 64, 32100),
+    'L/16': (1024, 24, 16, 64, 32100),
+    'SO400M/14': (1152, 27, 16, 16, 32100),  # SigLIP SO400M/14-224: ctx 16
+}
+_EMBED = {'tiny': 64, 'B/32': 768, 'B/16': 768, 'L/16': 1024,
+          'SO400M/14': 1152}
+# MLP width / model width where it is not 4 (SO400M: 4304 = 1152 * 3.736...).
+_MLP_RATIO = {'SO400M/14': 4304 / 1152}
+
+
+def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
+  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``,
+  ``L/16``, ``SO400M/14``): the declared ``model.*`` defaults
+  (``config_keys.KEYS``) with the preset's sizes."""
+  if name not in _VISION:
+    raise ValueError(f'unknown model preset {name!r}; have {sorted(_VISION)}')
+  size, patch, vw, vl, vh = _VISION[name]
+  tw, tl, th, ctx, vocab = _TEXT[name]
+  c = config_keys.nested({k[len('model.'):]: v for k, v in
+                          config_keys.defaults('model.').items()})
+  c.embed_dim = _EMBED[name]
+  c.vision.update(image_size=size, patch_size=patch, width=vw, layers=vl,
+                  heads=vh)
+  c.text.update(vocab_size=vocab, context_length=ctx, width=tw, layers=tl,
+                heads=th)
+  mlp_ratio = _MLP_RATIO.get(name)
+  if mlp_ratio is not None:
+    c.vision.mlp_ratio = c.text.mlp_ratio = mlp_ratio
+  c.use_unc = use_unc
+  return c
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Run settings shared by every config, each at its declared default
+  (``config_keys.KEYS``); each config file overrides some."""
+  return config_keys.nested(config_keys.defaults())
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """``get_config()`` of a config file such as ``configs/prolip_tiny.py``."""
+  spec = importlib.util.spec_from_file_location(
+      os.path.splitext(os.path.basename(path))[0], path)
+  if spec is None or spec.loader is None:
+    raise FileNotFoundError(f'cannot load a config from {path!r}')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, 'get_config', None)):
+    raise AttributeError(f'{path!r} defines no get_config()')
+  config = module.get_config()
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise TypeError(f'get_config() of {path!r} returned a '
+                    f'{type(config).__name__}, not an '
+                    'ml_collections.ConfigDict')
+  return config
+
+
+def bundled_report_evals(dataset: str) -> dict:
+  """``config.evals`` of the demos: the bundled report of their data
+  (``configs/eval/<dataset>.py``), run by ``python -m prolip_jax.evaluate``
+  (the training loop's own held-out evaluation is ``config.eval``)."""
+  return {dataset: {'kind': 'suites', 'dataset': dataset, 'every_steps': -1}}
+
+
+def benchmark_evals(every_steps: int = 5000, batch_size: int = 1024,
+                    probabilistic: bool = True) -> dict:
+  """``config.evals`` of the pre-training configs: ImageNet-1k zero-shot
+  (80 templates, CSD and cosine), ImageNet-v2, COCO 5k retrieval (Karpathy
+  test split) and, for probabilistic models, the uncertainty summary on
+  COCO; every ``every_steps`` steps and at the end. TFDS data sets that are
+  not prepared are reported in one line at the start and skipped; set
+  ``--config.evals.<name>.data_dir`` to where ``tfds build`` put them."""
+  common = {'every_steps': every_steps, 'batch_size': batch_size}
+  evals = {
+      'imagenet': {'kind': 'zero_shot', 'data': 'tfds:imagenet2012:validation',
+                   'templates': 'imagenet', **common},
+      'imagenet_v2': {'kind': 'zero_shot', 'data': 'tfds:imagenet_v2:test',
+                      'templates': 'imagenet', **common},
+      'coco': {'kind': 'retrieval', 'data': 'tfds:coco_captions:test',
+               **common},
+  }
+  if probabilistic:
+    evals['uncertainty'] = {'kind': 'uncertainty',
+                            'data': 'tfds:coco_captions:test', **common}
+  return evals
+
+
+def short_run_uncertainty(c: ml_collections.ConfigDict, beta: float = 0.3
+                          ) -> ml_collections.ConfigDict:
+  """Knobs under which ProLIP's sigma^2 trains in a few hundred steps.
+
+  The paper's weights are tuned for 1.28B samples: in 600 steps Adam moves
+  the [UNC] heads by about 0.3 in log sigma^2, VIB (beta = 1e-4) and
+  L_inc(v ⊂ t) (alpha1 = 1e-7) are invisible, and PPCL shrinks every
+  caption's sigma^2. A 10x learning rate for the uncertainty parameters, a
+  VIB weight that balances PPCL at sigma^2 ~ 1e-3..1e-2 per dimension and a
+  visible image ⊂ text inclusion term let general captions end up more
+  uncertain than specific ones. Chosen on validation splits carved from
+  training; docs/small_scale_uncertainty.md has every setting tried.
+  """
+  c.optim.unc_lr_mult = 10.0
+  c.loss.beta = beta
+  c.loss.alpha1 = 1e-3
+  return c
+
+
+def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
+  """The CPU demo on the bundled MNIST digits, for any objective.
+
+  Deterministic objectives ('siglip', 'clip', 'otter', 'uniclip', 'pcclip')
+  get towers without [UNC]; set ``model.use_unc`` for OTTER's probabilistic
+  (CSD-logit) variant.
+  """
+  c = base_config()
+  c.objective = objective
+  c.model = model_preset('tiny', use_unc=objective in ('prolip', 'pcme'))
+  if objective in ('clip', 'otter', 'pcclip'):
+    c.model.init_logit_scale = 1 / 0.07  # CLIP's temperature init
+  if objective == 'pcclip':
+    # PC-CLIP (Sam et al.): CLIP + weight * eq. 1 over difference pairs,
+    # tau = 1 (appendix C.1). One differing attribute per T_ij (the declared
+    # default): with the 256-piece demo tokenizer one phrase is 15-26 tokens,
+    # and two would not fit the 32-token context.
+    config_keys.add(c, 'pcclip')
+  if objective == 'pcme':
+    # PCME++'s release inits a = 5, b = 5 (the model stores log a).
+    c.model.init_logit_scale = 5.0
+    c.model.init_logit_bias = 5.0
+  if objective == 'otter':
+    # The paper's 0.999 suits long runs; over the demo's 600 steps it would
+    # leave the teacher at about half its random init.
+    c.loss.otter.ema_decay = 0.99
+  c.batch_size = 128
+  c.total_steps = 600
+  c.optim.lr = 1e-3
+  c.optim.warmup_steps = 60
+  c.optim.weight_decay = 0.05
+  c.data.name = 'digits'
+  if objective == 'prolip':
+    short_run_uncertainty(c, beta=0.1)
+  c.data.mean = (0.5, 0.5, 0.5)
+  c.data.std = (0.5, 0.5, 0.5)
+  # Grayscale digits: colour jitter and grayscale do nothing useful.
+  c.data.jitter_prob = 0.0
+  c.data.grayscale_prob = 0.0
+  c.log_every_steps = 25
+  c.checkpoint_every_steps = 200
+  c.eval.every_steps = 300
+  c.evals = bundled_report_evals('digits')
+  if objective == 'uniclip':
+    _uniclip_settings(c)
+  return c
+
+
+def _uniclip_settings(c: ml_collections.ConfigDict):
+  """UniCLIP on the digits: 3 views per image, heads of section 2.1."""
+  c.data.num_views = 3  # the paper's positive group: 3 views + 1 caption
+  # Views must differ (image-image positives) and the head must see how:
+  # crops and, since grey digits have no colour, brightness/contrast jitter
+  # only (saturation/hue factors stay at identity).
+  c.data.crop_scale = (0.6, 1.0)
+  c.data.jitter = (0.4, 0.4, 0.0, 0.0)
+  c.data.jitter_prob = 0.8
+  # Declared defaults: balanced (1/V^2, 1/(2V), 1) weights (eq. 12's w_D),
+  # an image head of 3 residual blocks, eq. 16 starting as eq. 13.
+  config_keys.add(c, 'uniclip')
+  c.uniclip.aug_features = 64  # f_A: the digits need less than 128
+  c.uniclip.aug_hidden = 64
+
+
+def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
+  """The tiny model on the bundled emoji hierarchy (``data/emoji.py``).
+
+  OpenMoji glyphs rendered at 64 px, captions drawn per example from five
+  levels of specificity (root, group, subgroup, name, templated name);
+  held-out names are never trained on. Colour is part of many names ('red
+  heart', 'blue heart'), so no colour jitter or grayscale.
+  """
+  c = tiny_demo_config(objective)
+  c.data.name = 'emoji'
+  c.evals = bundled_report_evals('emoji')
+  if objective == 'prolip':
+    short_run_uncertainty(c, beta=0.3)
+  c.data.jitter_prob = 0.0
+  c.data.grayscale_prob = 0.0
+  # ~1,500 distinct names: a larger vocabulary than the digits' 256.
+  c.tokenizer.vocab_size = 1024
+  c.model.text.vocab_size = 1024
+  return c
+
+
+# The emoji study's length: three times the demo's 600 steps (about 14
+# minutes alone on the 2-core CPU), warm-up kept at a tenth of the run.
+STUDY_STEPS = 1800
+# VIB weight of the ProLIP study, chosen on the validation names and
+# phrasings (docs/small_scale_uncertainty.md); the demo's is 0.3.
+STUDY_BETA = 0.1
+
+
+def emoji_study_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
+  """The emoji study: the demo trained three times longer, on captions whose
+  level cannot be read from their form (``data.captions='paraphrases'``),
+  with a smaller VIB weight for ProLIP.
+
+  It trains on ``'fit'`` (``'train'`` minus the 163 validation names), so
+  that knobs are chosen on ``'val'`` with the validation phrasings, and
+  reports on ``'heldout'`` with the same held-out phrasings for every
+  objective (the SigLIP twin is ``emoji_study_config('siglip')``).
+  """
+  c = emoji_demo_config(objective)
+  c.data.captions = 'paraphrases'
+  c.data.split = 'fit'
+  c.total_steps = STUDY_STEPS
+  c.optim.warmup_steps = STUDY_STEPS // 10
+  if objective == 'prolip':
+    c.loss.beta = STUDY_BETA
+  return c

@@ -1,0 +1,143 @@
+"""What a run finds in its workdir before it trains: the stored run's
+settings against this one (``config_drift``), checkpoints an earlier run
+set aside, and the newest checkpoint restored (or a fresh state).
+
+Every refusal here is one line and changes nothing on disk
+(docs/config_and_resume.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from prolip_jax import errors
+from prolip_jax.config import drift as config_drift
+from prolip_jax.storage.workdir import Workdir
+from prolip_jax.storage import checkpoint
+
+def stored_meta(workdir) -> Optional[tuple[int, dict]]:
+  """``(step, meta)`` of the workdir's newest checkpoint whose meta reads,
+  or None (no checkpoints)."""
+  if not Workdir.of(workdir).has_checkpoints():
+    return None
+  with checkpoint.manager(workdir, read_only=True) as mngr:
+    return stored_config(mngr)
+
+
+
+def stored_config(mngr) -> Optional[tuple[int, dict]]:
+  """``(step, meta)`` of the newest checkpoint whose meta reads, or None."""
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      return step, checkpoint.read_meta(mngr, step)
+    except Exception:  # pylint: disable=broad-except
+      continue  # reported when its arrays fail to restore
+  return None
+
+
+def check_drift(config, workdir, is_chief: bool):
+  """Stops on settings that would change the model or the data of the run
+  stored in the workdir; prints the other changes (they apply)."""
+  if not Workdir.of(workdir).has_checkpoints():
+    return
+  with checkpoint.manager(workdir, read_only=True) as mngr:
+    stored = stored_config(mngr)
+  if stored is None:
+    return
+  step, meta = stored
+  old = meta.get('config') or {}
+  new = json.loads(config.to_json_best_effort())
+  if not meta.get('has_opt_state', True):
+    # Imported weights (step 0): only the model has to match.
+    old, new = {'model': old.get('model', {})}, {'model': new['model']}
+  applied = config_drift.check(old, new, step)
+  if applied and is_chief:
+    print(f'Resuming step {step} with changed settings (applied): '
+          + '; '.join(applied), flush=True)
+
+
+def check_nothing_set_aside(workdir, allow_fresh_start: bool):
+  """Refuses to train from step 0 over checkpoints that an earlier run set
+  aside as unreadable (``checkpoints/`` empty or missing,
+  ``checkpoints_unreadable/`` not): a week of training is not restarted
+  without being asked to."""
+  aside = Workdir.of(workdir).unreadable
+  if allow_fresh_start or not aside.is_dir():
+    return
+  held = sorted(p.name for p in aside.iterdir())
+  if not held or checkpoint.latest_step(workdir) is not None:
+    return
+  raise errors.CheckpointError(
+      f'{checkpoint.checkpoint_dir(workdir)} has no checkpoint but {aside} '
+      f'holds {held}, set aside as unreadable; nothing '
+      'was changed: restore a readable copy into checkpoints/, or pass '
+      '--allow_fresh_start (train_and_evaluate(..., allow_fresh_start=True)) '
+      'to train from step 0 anyway')
+
+
+def mismatch_error(e: checkpoint.TreeMismatchError, config
+                    ) -> errors.ConfigDriftError:
+  """One line for a healthy checkpoint that does not fit the current
+  config: the settings that differ from its stored config (or, when none
+  do, the arrays), and what to do."""
+  stored = (e.meta or {}).get('config') or {}
+  requested = json.loads(config.to_json_best_effort())
+  if not e.meta.get('has_opt_state', True):
+    stored = {'model': stored.get('model', {})}
+    requested = {'model': requested['model']}
+  changes = config_drift.diff(stored, requested)
+  fixed = {k: v for k, v in changes.items() if config_drift.is_fixed(k)}
+  arrays = '; '.join(e.differences[:3]) + (
+      f'; and {len(e.differences) - 3} more' if len(e.differences) > 3
+      else '')
+  if changes:
+    why = ('settings that differ from the stored run: '
+           + config_drift.describe_changes(fixed or changes)
+           + f' (arrays: {arrays})')
+  else:  # same settings: the code that builds the trees changed
+    why = (f'its arrays differ ({arrays}) although the settings are the '
+           'same (was it written by another prolip_jax version?)')
+  return errors.ConfigDriftError(
+      f'checkpoint step {e.step} at {e.path} is readable but does not fit the '
+      f'current config: {why}; nothing was changed: resume with the stored '
+      'settings or start a new --workdir')
+
+
+def restore_or_init(mngr, config, init_state: Callable, init_rng: jax.Array,
+                    abstract: Any, tx, state_shardings: Any,
+                    with_teacher: bool) -> tuple[int, Any]:
+  """``(start step, train state)``: the newest readable checkpoint of
+  ``mngr`` restored into ``abstract``'s tree and shardings, or
+  ``init_state(init_rng)`` at step 0. Imported weights (no optimizer state
+  or no teacher) get a fresh AdamW state / a teacher equal to the restored
+  parameters. A healthy checkpoint that does not fit the config raises
+  ``ConfigDriftError`` (``mismatch_error``) and closes ``mngr``."""
+  try:
+    restored = checkpoint.restore_newest(
+        mngr, abstract.params, abstract.opt_state, abstract.teacher,
+        set_aside=True)
+  except checkpoint.TreeMismatchError as e:
+    mngr.close()
+    raise mismatch_error(e, config) from e
+  if restored is None:
+    return 0, init_state(init_rng)
+  start, (params, opt_state, teacher, _) = restored
+  if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
+    opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
+        params)
+    logging.warning('Checkpoint %d has no optimizer state (imported '
+                    'weights): starting AdamW afresh', start)
+  if with_teacher and teacher is None:  # e.g. imported weights
+    teacher = jax.jit(lambda p: p,
+                      out_shardings=state_shardings.params)(params)
+    logging.warning('Checkpoint %d has no EMA teacher: starting it from '
+                    'the restored parameters', start)
+  logging.info('Resumed from step %d', start)
+  return start, abstract.replace(step=jnp.asarray(start, jnp.int32),
+                                 params=params, opt_state=opt_state,
+                                 teacher=teacher)

@@ -1,0 +1,651 @@
+"""Training: ``train_and_evaluate(config, workdir)``.
+
+One jitted ``train_step`` (read it top to bottom: the objective's loss and
+gradients, AdamW update, clamp the scale, the objective's teacher update), a
+data pipeline that is exactly resumable from the step, Orbax checkpoints every
+``checkpoint_every_steps`` (and on interruption), metrics to
+``WORKDIR/metrics.jsonl`` and TensorBoard. Nothing here is specific to one
+objective: ``objectives.get(config.objective)``, resolved once by
+``train_and_evaluate`` and passed down, supplies the loss and the hooks
+(``prolip_jax/objectives/base.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+from absl import logging
+import flax
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from prolip_jax import errors
+from prolip_jax import models
+from prolip_jax import objectives
+from prolip_jax import sharding as shd
+from prolip_jax.config import keys as config_keys
+from prolip_jax.data import pipeline
+from prolip_jax.data import records
+from prolip_jax.data import sources
+from prolip_jax.data import transforms
+from prolip_jax.data.tokenizer import Tokenizer
+from prolip_jax.data.tokenizer import tokenizer_from_config
+from prolip_jax.data.tokenizer import train_tokenizer
+from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import report as eval_report
+from prolip_jax.evaluation import train_time
+from prolip_jax.interop import hub
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
+from prolip_jax.objectives.base import Objective
+from prolip_jax.storage import paths
+from prolip_jax.storage.workdir import Workdir
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import loop_report
+from prolip_jax.training import progress
+from prolip_jax.training import resume
+from prolip_jax.training import wandb_sink
+from prolip_jax.training.optimizer import make_optimizer
+from prolip_jax.training.workdir_lock import WorkdirLock
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer updates done so far
+  params: Any
+  opt_state: Any
+  # EMA teacher parameters for distilling objectives (OTTER), else None.
+  teacher: Any = None
+
+
+# ----------------------------------------------------------------------------
+# The train step
+
+
+def _resolve(config, objective: Optional[Objective]) -> Objective:
+  """``objective``, or ``config.objective``'s when None (callers outside the
+  training loop that have not resolved it)."""
+  return objective if objective is not None else objectives.get(
+      config.objective)
+
+
+def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
+                    tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    mesh, mask_id: int, objective: Optional[Objective] = None
+                    ) -> Callable:
+  """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted.
+
+  A step whose loss or gradient is not finite changes nothing but the step
+  counter (parameters, optimizer state and teacher stay as they were) and
+  reports ``metrics['nonfinite'] = 1``. ``objective``: ``config.objective``'s
+  (resolved here when None).
+  """
+  objective = _resolve(config, objective)
+  loss_fn = objective.make_loss_fn(model, config, mesh, mask_id)
+  max_log_scale = math.log(config.optim.max_logit_scale)
+  nan_steps = tuple(config_keys.get(config, 'debug_nan_steps'))
+
+  def loss_at(params, teacher, batch, rng, step):
+    loss, metrics = loss_fn(params, teacher, batch, rng)
+    if nan_steps:  # fault injection for tests: these steps' loss becomes NaN
+      poison = jnp.where(jnp.isin(step + 1, jnp.asarray(nan_steps)),
+                         jnp.nan, 1.0)
+      loss, metrics = loss * poison, dict(metrics,
+                                          loss=metrics['loss'] * poison)
+    return loss, metrics
+
+  def train_step(state: TrainState, batch, rng):
+    rng = jax.random.fold_in(rng, state.step)
+    grads, metrics = jax.grad(loss_at, has_aux=True)(
+        state.params, state.teacher, batch, rng, state.step)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # As in the release: keep the temperature a = exp(log a) within [1, 100].
+    params = dict(params, logit_scale=jnp.clip(params['logit_scale'], 0.0,
+                                               max_log_scale))
+    teacher = objective.update_teacher(config, state.teacher, params)
+    metrics['grad_norm'] = optax.tree.norm(grads)
+    metrics['lr'] = schedule(state.step)
+    finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
+    metrics['nonfinite'] = (~finite).astype(jnp.float32)
+    keep_old = functools.partial(jax.tree.map,
+                                 lambda new, old: jnp.where(finite, new, old))
+    return TrainState(state.step + 1, keep_old(params, state.params),
+                      keep_old(opt_state, state.opt_state),
+                      keep_old(teacher, state.teacher)), metrics
+
+  return train_step
+
+
+# ----------------------------------------------------------------------------
+# Set-up helpers
+
+
+def setup_tokenizer(config, workdir, corpus: Optional[Callable[[], list]],
+                    stored: Optional[tuple[int, dict]] = None) -> Tokenizer:
+  """The run's tokenizer, kept at ``WORKDIR/tokenizer.model``.
+
+  A configured ``tokenizer.model_path`` (local or ``gs://``/``s3://``) is
+  copied there; without one, a sentencepiece model is trained on the
+  dataset's captions at first run and reused on every later run (and by
+  ``prolip_jax.load``). ``stored``: ``(step, meta)`` of the checkpoint being
+  resumed; a tokenizer other than the one recorded there (or a missing one)
+  raises ``errors.TokenizerError`` before any tokenizer is trained.
+  """
+  wd = Workdir.of(workdir)
+  path = wd.tokenizer
+  step, meta = stored if stored is not None else (None, {})
+  owner = f'checkpoint step {step} under {wd.checkpoints}'
+  if (meta.get(checkpoint.TOKENIZER_SHA256) and not path.exists()
+      and not config.tokenizer.model_path):
+    checkpoint.check_tokenizer(meta, path, owner)  # refuses: file missing
+  if config.tokenizer.model_path:
+    src = paths.parse(config.tokenizer.model_path, 'tokenizer.model_path')
+    if not src.is_file():
+      raise FileNotFoundError(f'tokenizer file not found: {src}')
+    local = paths.local_copy(src)
+    # Read before it is copied: a file that is no tokenizer stays out of
+    # the workdir (a corrected run would otherwise find it there).
+    tokenizer = tokenizer_from_config(local, config,
+                                      config.model.text.context_length)
+    if jax.process_index() == 0 and not path.exists():
+      paths.copy_file(src, path)
+  else:
+    if corpus is None and not path.exists():
+      raise ValueError('tokenizer.model_path is empty and the dataset '
+                       f'{config.data.name!r} has no caption corpus to train '
+                       'one on')
+    if jax.process_index() == 0 and not path.exists():
+      sentences = corpus()
+      progress.status(f'Training a sentencepiece tokenizer on '
+                      f'{len(sentences):,} captions -> {path}')
+      with tempfile.TemporaryDirectory(prefix='prolip_jax-') as tmp:
+        trained = train_tokenizer(sentences,
+                                  os.path.join(tmp, path.name),
+                                  config.tokenizer.vocab_size)
+        paths.copy_file(trained, path)
+    tokenizer = None
+  if jax.process_count() > 1:  # the other hosts wait for process 0's file
+    multihost_utils.sync_global_devices('prolip_jax tokenizer')
+  if tokenizer is None:
+    tokenizer = tokenizer_from_config(paths.local_copy(path), config,
+                                      config.model.text.context_length)
+  used = src if config.tokenizer.model_path else path
+  checkpoint.check_tokenizer(meta, used, owner, sha256=tokenizer.sha256)
+  return tokenizer
+
+
+def model_config_for(config, tokenizer: Tokenizer) -> ModelConfig:
+  """The model config with the tokenizer's pad id; checks the vocabulary."""
+  cfg = ModelConfig.from_config(config.model)
+  if tokenizer.vocab_size > cfg.text.vocab_size:
+    raise ValueError(f'tokenizer has {tokenizer.vocab_size} pieces but '
+                     f'model.text.vocab_size is {cfg.text.vocab_size}')
+  text = dict(cfg.text.__dict__, pad_id=tokenizer.pad_id)
+  return ModelConfig.from_config(dict(cfg.to_dict(), text=text))
+
+
+def augment_config(data) -> transforms.AugmentConfig:
+  return transforms.AugmentConfig(
+      crop_scale=tuple(data.crop_scale), jitter=tuple(data.jitter),
+      jitter_prob=data.jitter_prob, grayscale_prob=data.grayscale_prob,
+      color_on_device=bool(data.get(
+          'color_on_device', config_keys.default('data.color_on_device'))))
+
+
+def validate_config(config, objective: Optional[Objective] = None):
+  """Raises ``ValueError`` for a config that cannot train (the generic
+  checks, then the objective's own)."""
+  objective = _resolve(config, objective)
+  config_keys.check_values(config)  # counts, sizes, intervals: >= minimum
+  wanted, present = int(config.mesh.get('num_devices', 0) or 0), (
+      jax.device_count())
+  if wanted > present:
+    raise ValueError(f'mesh.num_devices={wanted} but {present} '
+                     f'{jax.default_backend()} device(s) are present '
+                     '(0: use them all)')
+  if not 0 < config.masking.image_keep_ratio <= 1:
+    raise ValueError('masking.image_keep_ratio must be in (0, 1]')
+  loop_report.check_config(config)  # profile_steps, wandb.*
+  objective.validate(config)
+
+
+def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
+                            mesh, with_teacher: bool = False,
+                            extra_params: Optional[Callable] = None,
+                            fsdp_min_size_mb: float = shd.FSDP_MIN_SIZE_MB
+                            ) -> tuple[Callable, TrainState]:
+  """A jitted ``rng -> TrainState`` creating every array with its sharding.
+
+  Parameters and optimizer state follow the FSDP rule of ``sharding.py``; no
+  device ever holds an unsharded copy. Also returns the state's shardings.
+  ``with_teacher``: add an EMA teacher (OTTER) starting equal to the student.
+  ``extra_params(rng) -> {key: subtree}`` adds an objective's own parameters
+  (``Objective.init_extra_params``, e.g. UniCLIP's heads) next to the
+  model's, to be trained and saved with them. ``fsdp_min_size_mb``: arrays
+  smaller than this stay replicated (``sharding.param_spec``).
+  """
+
+  def init_state(rng):
+    params = models.init_params(model, rng)
+    if extra_params is not None:
+      extra = extra_params(jax.random.fold_in(rng, 1))
+      if extra:
+        params = dict(params, **extra)
+    teacher = params if with_teacher else None
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
+                      teacher)
+
+  abstract = jax.eval_shape(init_state, jax.random.key(0))
+  param_shardings = shd.param_shardings(mesh, abstract.params,
+                                       fsdp_min_size_mb)
+  shardings = TrainState(shd.replicated(mesh), param_shardings,
+                         shd.param_shardings(mesh, abstract.opt_state,
+                                             fsdp_min_size_mb),
+                         param_shardings if with_teacher else None)
+  return jax.jit(init_state, out_shardings=shardings), shardings
+
+
+def run_state_initializer(config, model: ProLIP,
+                          tx: optax.GradientTransformation, mesh,
+                          objective: Optional[Objective] = None
+                          ) -> tuple[Callable, TrainState]:
+  """``train_state_initializer`` for ``config``'s objective (its teacher and
+  extra parameters): the state ``prolip_jax.main`` trains and
+  ``prolip_jax.aot`` and the benchmarks compile for."""
+  objective = _resolve(config, objective)
+  return train_state_initializer(
+      model, tx, mesh, with_teacher=objective.uses_teacher,
+      extra_params=lambda rng: objective.init_extra_params(
+          config, model.config, rng),
+      fsdp_min_size_mb=config.mesh.get('fsdp_min_size_mb',
+                                       shd.FSDP_MIN_SIZE_MB))
+
+
+def jit_train_step(model: ProLIP, config, tx: optax.GradientTransformation,
+                   schedule: optax.Schedule, mesh, mask_id: int,
+                   state_shardings: TrainState,
+                   objective: Optional[Objective] = None) -> Callable:
+  """The jitted ``train_step(state, batch, rng)`` of a run: state sharded by
+  ``state_shardings`` (``run_state_initializer``'s) and donated, batch split
+  over the mesh's batch axes. ``prolip_jax.main`` runs it;
+  ``prolip_jax.aot`` compiles it for a topology, the benchmarks time it."""
+  return jax.jit(
+      make_train_step(model, config, tx, schedule, mesh, mask_id, objective),
+      in_shardings=(state_shardings, shd.batch_sharding(mesh),
+                    shd.replicated(mesh)),
+      out_shardings=(state_shardings, shd.replicated(mesh)),
+      donate_argnums=(0,))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
+                       max_steps: Optional[int] = None,
+                       allow_fresh_start: bool = False) -> dict[str, Any]:
+  """Trains (resuming from the newest readable checkpoint) and evaluates.
+
+  Holds ``WORKDIR/.lock`` while it runs (a second run on the workdir stops
+  with ``WorkdirLockedError``). User mistakes (config, files, drift from the
+  stored run, divergence) raise ``errors.UserError`` subclasses.
+
+  Args:
+    config: a run config (see ``configs/``).
+    workdir: checkpoints, tokenizer, metrics and TensorBoard files go here:
+      a local folder, ``gs://BUCKET/...`` or ``s3://BUCKET/...`` (a
+      ``Workdir`` or its text; another URL is a ``UserError``).
+    max_steps: stop after this many steps in this call (the schedule still
+      spans ``config.total_steps``); for tests of interruption and resume.
+    allow_fresh_start: train from step 0 even though ``checkpoints/`` is
+      empty and ``checkpoints_unreadable/`` holds steps set aside by an
+      earlier run (refused otherwise: ``CheckpointError``).
+
+  Returns:
+    A summary dict: ``step``, ``checkpoint`` (path), final ``eval`` metrics,
+    the last training metrics, ``preempted`` (stopped by SIGTERM; in a
+    multi-host run by a notice on any host, every host after the same step)
+    and ``interrupted`` (a Ctrl-C on this host of several asked for that
+    stop).
+  """
+  with errors.config_errors():
+    objective = objectives.get(config.objective)  # the run's, passed down
+    validate_config(config, objective)
+  workdir = Workdir.of(workdir)  # every file of the run, local or gs://
+  workdir.check_checkpoint_store()
+  # SIGTERM and Ctrl-C from here on: a stop at a step boundary in the loop,
+  # a one-line exit between set-up phases before it (progress.StopFlag).
+  stopper = progress.StopFlag()
+  try:
+    stopper.check('start-up', resumed=workdir.has_checkpoints)
+    workdir.create()
+    lock = WorkdirLock(workdir)
+    failure = None
+    if jax.process_index() == 0:
+      try:
+        lock.acquire()
+      except errors.WorkdirLockedError as e:
+        failure = e
+    if jax.process_count() > 1:  # every process stops if process 0 could not
+      held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
+      if not held and failure is None:
+        failure = errors.WorkdirLockedError(
+            f'workdir {workdir} is in use (see process 0)')
+    if failure is not None:
+      raise failure
+    try:
+      return _train_and_evaluate(config, objective, workdir, stopper,
+                                 max_steps, allow_fresh_start)
+    finally:
+      lock.release()
+  finally:
+    stopper.close()
+
+
+@dataclasses.dataclass
+class _Run:
+  """What ``_build`` makes of a config before any state exists."""
+  mesh: Any
+  evals: list
+  source: Any
+  tokenizer: Tokenizer
+  model: ProLIP
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  dataset: Any
+  init_state: Callable
+  state_shardings: Any
+  abstract: Any  # the TrainState's shapes, dtypes and shardings
+  init_rng: jax.Array
+  step_rng: jax.Array
+
+
+def _build(config, workdir: Workdir, objective) -> _Run:
+  """The mesh, evaluators, data, tokenizer, model, optimizer and state
+  initializer of a run (``ValueError`` for a config that cannot run)."""
+  mesh = shd.make_mesh(config.mesh)
+  shards = shd.num_batch_shards(mesh)
+  if config.batch_size % shards:
+    raise ValueError(f'batch_size {config.batch_size} is not divisible by '
+                     f'the {shards} batch shards of mesh '
+                     f'{dict(mesh.shape)}')
+  objective.validate_batch(config, shards)  # before any data/tokenizer work
+  evals = evaluators.build(config.get('evals'),
+                           config_keys.get(config, 'eval.tfds_data_dir'))
+  evaluators.check_for_training(evals)
+  source, corpus = sources.train_source(config)
+  if corpus is not None:
+    corpus = objective.extend_corpus(corpus)
+  tokenizer = setup_tokenizer(config, workdir, corpus,
+                              resume.stored_meta(workdir))
+  model_cfg = model_config_for(config, tokenizer)
+  # Attention kernel for the devices the step is compiled for (the mesh),
+  # never the default backend (ahead-of-time compilation targets others).
+  model = ProLIP(model_cfg, attention=models.attention_impl_for(
+      mesh.devices.flat, model_cfg.attention_impl))
+  tx, schedule = make_optimizer(config.optim, config.total_steps)
+  dataset = pipeline.train_dataset(
+      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
+      global_batch_size=config.batch_size, seed=config.seed,
+      augment=augment_config(config.data),
+      num_views=config_keys.get(config, 'data.num_views'),
+      process_index=jax.process_index(),
+      process_count=jax.process_count())
+  dataset = objective.wrap_dataset(
+      config, dataset, source, tokenizer, model_cfg.vision.image_size,
+      jax.process_index(), jax.process_count())
+
+  init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
+  init_state, state_shardings = run_state_initializer(config, model, tx,
+                                                      mesh, objective)
+  return _Run(mesh, evals, source, tokenizer, model, tx, schedule, dataset,
+              init_state, state_shardings,
+              jax.eval_shape(init_state, init_rng), init_rng, step_rng)
+
+
+def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
+                 source) -> dict[str, float]:
+  """A ``metrics.jsonl`` row: the step's metrics (host values), samples/s,
+  the count of skipped non-finite steps and the bad-record counters of
+  ``source`` (when it checks its records)."""
+  row = {k: float(np.asarray(v)) for k, v in metrics.items()}
+  row['samples_per_sec'] = rate
+  row['nonfinite_steps'] = nonfinite_total
+  bad = sources.bad_record_stats(source)
+  if bad is not None:
+    row['data/bad_records'] = bad['bad']
+    row['data/records_seen'] = bad['seen']
+    row['data/bad_fraction'] = bad['bad_fraction']
+  return row
+
+
+def _injected_fault(config, step: int):
+  """Fault injection for tests (``debug_raise_at_step``,
+  ``debug_raise_process``): a RuntimeError after ``step`` on the chosen
+  process, as an out-of-memory error or a failing evaluator would raise."""
+  at = config_keys.get(config, 'debug_raise_at_step')
+  who = config_keys.get(config, 'debug_raise_process')
+  if at and step == at and who in (-1, jax.process_index()):
+    raise RuntimeError(f'fault injected after step {step} '
+                       '(config.debug_raise_at_step)')
+
+
+def _note_removals(config, steps: list[int], is_chief: bool):
+  """One line when ``keep_checkpoints`` (a key that ``removes`` data) will
+  delete more than the usual oldest checkpoint at the next save: it was
+  lowered since those checkpoints were written. Nothing is deleted before a
+  newer checkpoint is committed (Orbax deletes after the save)."""
+  keep = config.keep_checkpoints
+  if not is_chief or keep is None or len(steps) <= keep:  # None: keep all
+    return
+  gone = sorted(steps)[:len(steps) - keep + 1]
+  print(f'note: keep_checkpoints={keep} deletes '
+        f'{config_keys.KEYS["keep_checkpoints"].removes}: checkpoint(s) of '
+        f'step {", ".join(map(str, gone))} will be deleted once the next '
+        'checkpoint is saved', flush=True)
+
+
+def _missing_evaluations(config, workdir: Workdir, evaluations, step: int,
+                         final: bool) -> tuple[bool, list[str]]:
+  """``(held-out evaluation missing, configured evaluators missing)`` at
+  ``step`` of a resumed run: the ones an uninterrupted run writes at that
+  step (``final``: the last) that ``metrics.jsonl`` does not hold (a kill or
+  a stop came first). Read by process 0 and sent to every process, which
+  all run them (they are collectives)."""
+  logged = progress.logged_keys(workdir.metrics, step) if (
+      jax.process_index() == 0) else set()
+  heldout = (evaluations.heldout_due(step, final)
+             and not any(k.startswith('eval/') for k in logged))
+  due = evaluations.due(step, final)
+  missing = [not any(k.startswith(name + '/') for k in logged)
+             for name in due]
+  if jax.process_count() > 1:
+    flags = multihost_utils.broadcast_one_to_all(
+        np.asarray([heldout] + missing, np.int32))
+    heldout, missing = bool(flags[0]), [bool(f) for f in flags[1:]]
+  return heldout, [name for name, m in zip(due, missing) if m]
+
+
+def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
+                        stopper: progress.StopFlag, max_steps: Optional[int],
+                        allow_fresh_start: bool):
+  resume.check_nothing_set_aside(workdir, allow_fresh_start)
+  with errors.config_errors():
+    config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
+  is_chief = jax.process_index() == 0
+  resume.check_drift(config, workdir, is_chief)
+  with errors.config_errors():
+    run = _build(config, workdir, objective)
+  stopper.check('the tokenizer and the data pipeline',
+                resumed=workdir.has_checkpoints)
+  mesh, model, tokenizer, evals = run.mesh, run.model, run.tokenizer, run.evals
+  mngr = checkpoint.manager(workdir, config.keep_checkpoints,
+                            save_interval_steps=1)
+  _note_removals(config, list(mngr.all_steps()), is_chief)
+  start, state = resume.restore_or_init(
+      mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
+      run.state_shardings, objective.uses_teacher)
+  stopper.check(f'restoring step {start}' if start else 'initialising',
+                resumed=lambda: start > 0)
+  train_step = jit_train_step(model, config, run.tx, run.schedule, mesh,
+                              tokenizer.mask_id, run.state_shardings,
+                              objective)
+
+  # Rows logged after the restored step are trained again: drop them.
+  writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
+  writer = wandb_sink.tee(writer, config, workdir, is_chief, start)  # + W&B
+  meta = {'config': json.loads(config.to_json_best_effort()),
+          'model': model.config.to_dict(),
+          **checkpoint.tokenizer_meta(tokenizer)}
+  end = config.total_steps if max_steps is None else min(
+      config.total_steps, start + max_steps)
+  data_iter = pipeline.iterate_from(run.dataset, start,
+                                    config.data.num_workers,
+                                    config.data.num_threads)
+
+  def save(step, force=False):
+    if step in mngr.all_steps():
+      return
+    checkpoint.save(mngr, step, state.params, state.opt_state,
+                    dict(meta, step=int(step)), force=force,
+                    teacher=state.teacher)
+
+  evaluations = train_time.LoopEvaluations(
+      objective, model, config, tokenizer, mesh, evals, writer, workdir,
+      is_chief, status=lambda line: progress.status(line, is_chief))
+  unavailable = evaluators.check_available(evals)
+  if is_chief:
+    print(f'prolip_jax: {config.objective} on {config.data.name}, '
+          f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
+          f'batch {config.batch_size}, steps {start} -> {end} of '
+          f'{config.total_steps}, workdir {workdir}', flush=True)
+    for name, reason in unavailable.items():
+      print(f'Evaluator {name} will not run: {reason}', flush=True)
+  step = start
+  last_metrics: dict[str, float] = {}
+  t_log, step_log = time.time(), step
+  t_start = time.time()
+  monitor = progress.NonFiniteMonitor(
+      config_keys.get(config, 'max_nonfinite_steps'), mngr.latest_step)
+  # Data wait / device split, MFU, profile_steps
+  # (prolip_jax/training/loop_report.py).
+  report = loop_report.LoopReport(
+      config, list(mesh.devices.flat), model.config.to_dict(), start, end,
+      is_chief, monitor.flush, workdir.tensorboard)
+  stopped = lambda: stopper.stop
+  failed = True  # until the loop ends without an exception
+  try:
+    if 0 < start < end:  # evaluations a kill or a stop cut short at start
+      heldout, names = _missing_evaluations(config, workdir, evaluations,
+                                            start, final=False)
+      if heldout and not stopper.stop:
+        report.excluded(evaluations.heldout, state, start)
+      if names:
+        report.excluded(evaluations.configured, state, start, False,
+                        names, stopped)
+    while step < end and not stopper.stop:
+      try:
+        local_batch = report.data(next, data_iter)
+      except records.BadRecordError:
+        monitor.flush()
+        if jax.process_count() == 1:  # (several: the others are mid-step)
+          save(step, force=True)  # keep the progress; the data needs fixing
+        raise
+      batch = report.data(shd.host_to_global, mesh, local_batch)
+      first = step == start
+      if first:
+        progress.status('Compiling the train step (the first step '
+                        'includes it)', is_chief)
+      report.before_step(step)
+      state, metrics = train_step(state, batch, run.step_rng)
+      step += 1
+      report.after_step(step, metrics)
+      if first:
+        jax.block_until_ready(metrics['loss'])
+        progress.status(f'Compiled and ran step {step} in '
+                        f'{progress.fmt_time(time.time() - t_start)}',
+                        is_chief)
+        report.start_interval(step)  # compiling is no step
+      monitor.add(step, metrics['nonfinite'])
+      if step % config.log_every_steps == 0 or step == end:
+        metrics = jax.device_get(metrics)
+        now = time.time()
+        rate = (step - step_log) * config.batch_size / max(now - t_log,
+                                                           1e-9)
+        monitor.flush()
+        last_metrics = _metrics_row(metrics, rate, monitor.total,
+                                    run.source)
+        last_metrics.update(report.end_interval(step))
+        writer.write(step, last_metrics)
+        if is_chief:
+          print(progress.progress_line(
+              step, config.total_steps, last_metrics,
+              (end - step) * config.batch_size / max(rate, 1e-9),
+              now - t_start), flush=True)
+        t_log, step_log = time.time(), step
+        report.start_interval(step)
+      elif first:  # samples/s and the ETA count from here, not compiling
+        t_log, step_log = time.time(), step
+      if step % config.checkpoint_every_steps == 0:
+        monitor.flush()
+        if not monitor.consecutive:  # mid-streak the state is not new
+          report.excluded(save, step)
+      # A stop leaves the step's evaluations to the resumed run (missing
+      # from metrics.jsonl at the step it restarts from).
+      if (evaluations.heldout_due(step, final=False) and step != end
+          and not stopper.stop):
+        report.excluded(evaluations.heldout, state, step)
+      if step != end:
+        report.excluded(evaluations.configured, state, step, False, None,
+                        stopped)
+      _injected_fault(config, step)
+      stopper.at_step(step)  # every host stops after the same step
+    monitor.flush()
+    failed = False
+  finally:
+    report.close()  # a profile still running
+    # A host that failed alone must not wait for a checkpoint: saving is
+    # a collective of every host, and the others are elsewhere.
+    if not failed or jax.process_count() == 1:
+      mngr.wait_until_finished()
+  if step > start:
+    save(step, force=True)
+  mngr.wait_until_finished()
+  mngr.close()
+  if step == start < end:  # stopped before its first step: nothing new
+    stopper.check('compiling', resumed=lambda: start > 0)
+  stopped_at = stopper.stop  # stopped before the end: no final evaluation
+  eval_results: dict[str, float] = {}
+  evals_results: dict[str, float] = {}
+  if not stopped_at:
+    # The final evaluations a previous run did not write (a re-run of a
+    # finished command writes none again; the held-out numbers are
+    # computed for the summary all the same). A signal now changes nothing:
+    # a stop cut short here leaves them missing for the next run.
+    heldout, names = _missing_evaluations(config, workdir, evaluations, step,
+                                          final=True)
+    eval_results = evaluations.heldout(state, step, write=heldout,
+                                       announce=False)  # in the summary
+    if names:
+      evals_results = evaluations.configured(state, step, True, names)
+  writer.close()
+  summary = {'step': step, 'checkpoint': str(workdir.checkpoint(step)),
+             'eval': eval_results, 'train': last_metrics,
+             'preempted': stopped_at,
+             'interrupted': stopped_at and stopper.interrupted,
+             'workdir': str(workdir), 'batch_size': config.batch_size,
+             'total_steps': config.total_steps,
+             'heldout': train_time.heldout_info(config) if eval_results
+                        else None,
+             'evals': evals_results}
+  if is_chief:
+    print(eval_report.format_summary(summary), flush=True)
+  return summary
