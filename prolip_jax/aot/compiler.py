@@ -34,9 +34,12 @@ from typing import Any, Optional
 
 from absl import flags
 
-from prolip_jax import command_line, errors
+from prolip_jax import command_line
+from prolip_jax import errors
 from prolip_jax.aot import report as aot_report
-from prolip_jax.aot.targets import KNOWN, Target, resolve
+from prolip_jax.aot.targets import KNOWN
+from prolip_jax.aot.targets import resolve
+from prolip_jax.aot.targets import Target
 from prolip_jax.training import mfu
 
 # ----------------------------------------------------------------------------
@@ -52,11 +55,9 @@ def _model(config, devices):
   ``prolip_jax.main`` picks it for them: cuDNN on NVIDIA GPUs where the
   shapes allow; the tokenizer's pad id is the config's, no tokenizer is
   read) and the [MASK] id to compile with."""
-  from prolip_jax.models import (
-    ModelConfig,  # pylint: disable=g-import-not-at-top
-    ProLIP,  # pylint: disable=g-import-not-at-top
-    attention_impl_for,  # pylint: disable=g-import-not-at-top
-  )
+  from prolip_jax.models import attention_impl_for  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ProLIP  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_config(config.model)
   if config.tokenizer.pad_id >= 0:
     cfg = ModelConfig.from_config(dict(
@@ -77,7 +78,6 @@ def abstract_batch(config, model_cfg, global_batch: int, sharding,
   (resolved here when None)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-
   from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   from prolip_jax.objectives.base import Objective  # pylint: disable=g-import-not-at-top
@@ -159,28 +159,36 @@ def _param_report(abstract_params, shardings, min_size_mb) -> dict[str, Any]:
   return rep
 
 
+def _for_target(config, target: Target, per_device_batch: int):
+  """``(config, objective, mesh)`` of a compile for ``target``: a resolved
+  copy of ``config`` with ``batch_size`` set to ``per_device_batch`` pairs
+  on each batch shard of the target's mesh, checked as a run checks it (a
+  bad value is one ``error:`` line)."""
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
+  from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
+  config = config.copy_and_resolve_references()
+  with errors.config_errors():
+    objective = objectives.get(config.objective)
+    mesh = shd.make_mesh(config.mesh, devices=target.devices,
+                         whole_topology=True)
+    config.batch_size = per_device_batch * shd.num_batch_shards(mesh)
+    train.validate_config(config, objective)
+  return config, objective, mesh
+
+
 def compile_step(config, target: Target, per_device_batch: int
                  ) -> dict[str, Any]:
   """Compiles the train step for ``target`` at ``per_device_batch`` pairs
   per device; returns the report (``fits``; ``error`` when the compiler
   refused it for memory)."""
   import jax  # pylint: disable=g-import-not-at-top
-
-  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
   from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  from prolip_jax.training import (
-    optimizer,  # pylint: disable=g-import-not-at-top
-    train,  # pylint: disable=g-import-not-at-top
-  )
+  from prolip_jax.training import optimizer  # pylint: disable=g-import-not-at-top
+  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
 
-  config = config.copy_and_resolve_references()
+  config, objective, mesh = _for_target(config, target, per_device_batch)
   with errors.config_errors():
-    objective = objectives.get(config.objective)
-    mesh = shd.make_mesh(config.mesh, devices=target.devices,
-                         whole_topology=True)
-    shards = shd.num_batch_shards(mesh)
-    config.batch_size = per_device_batch * shards
-    train.validate_config(config, objective)
     model, mask_id = _model(config, mesh.devices.flat)
     tx, schedule = optimizer.make_optimizer(config.optim, config.total_steps)
     init_state, shardings = train.run_state_initializer(config, model, tx,
@@ -267,21 +275,11 @@ def compile_loss(config, target: Target, per_device_batch: int,
   are the train step's (``Objective.make_embed_fn``, with no teacher)."""
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-
-  from prolip_jax import (
-    models,  # pylint: disable=g-import-not-at-top
-    objectives,  # pylint: disable=g-import-not-at-top
-  )
+  from prolip_jax import models  # pylint: disable=g-import-not-at-top
   from prolip_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
 
-  config = config.copy_and_resolve_references()
+  config, objective, mesh = _for_target(config, target, per_device_batch)
   with errors.config_errors():
-    objective = objectives.get(config.objective)
-    mesh = shd.make_mesh(config.mesh, devices=target.devices,
-                         whole_topology=True)
-    config.batch_size = per_device_batch * shd.num_batch_shards(mesh)
-    train.validate_config(config, objective)
     objective.validate_batch(
         config, shd.num_batch_shards(mesh))  # one line, not a traceback
     model, mask_id = _model(config, mesh.devices.flat)

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Optional
 
-GIB = 2**30
+from prolip_jax.training.mfu import GIB
 
 # Collective kinds reported, as XLA names them (asynchronous forms end in
 # -start/-done; the -done op carries the result shape).

@@ -109,6 +109,12 @@ class Objective:
     del config
     return 1
 
+  def batch_multiple_why(self, config, multiple: int) -> str:
+    """The end of ``validate_batch``'s message: why each device's share must
+    be a multiple of ``multiple`` (``batch_multiple(config)``)."""
+    del config
+    return f'objective {self.name!r} needs a multiple of {multiple}'
+
   def validate_batch(self, config, batch_shards: int) -> None:
     """Raises ``ValueError`` for a ``config.batch_size`` this objective
     cannot split over ``batch_shards`` devices (checked before any data or
@@ -118,8 +124,8 @@ class Objective:
     if local_batch % multiple:
       raise ValueError(
           f'batch_size {config.batch_size} gives a per-device batch of '
-          f'{local_batch} ({batch_shards} batch shards), which objective '
-          f'{self.name!r} needs a multiple of {multiple}: choose batch_size '
+          f'{local_batch} ({batch_shards} batch shards), which '
+          f'{self.batch_multiple_why(config, multiple)}: choose batch_size '
           f'a multiple of {multiple * batch_shards}')
 
   def extend_corpus(self, corpus: Callable[[], list]) -> Callable[[], list]:

@@ -78,16 +78,10 @@ class ProLIPObjective(Objective):
     shard for the masked copies."""
     return masking_stride(config.masking.fraction) or 1
 
-  def validate_batch(self, config, batch_shards: int) -> None:
-    stride = self.batch_multiple(config)
-    local_batch = config.batch_size // batch_shards
-    if local_batch % stride:
-      raise ValueError(
-          f'batch_size {config.batch_size} gives a per-device batch of '
-          f'{local_batch} ({batch_shards} batch shards), which must be a '
-          f'multiple of 1/masking.fraction = {stride} (the masked copies '
-          f'take every {stride}th sample): choose batch_size a multiple of '
-          f'{stride * batch_shards}')
+  def batch_multiple_why(self, config, multiple: int) -> str:
+    del config
+    return (f'must be a multiple of 1/masking.fraction = {multiple} (the '
+            f'masked copies take every {multiple}th sample)')
 
   def make_aux_fn(self, model, config, mesh, mask_id: int):
     stride = masking_stride(config.masking.fraction)
