@@ -1,5 +1,5 @@
 """CI: `pip install -e .` into an environment that already has a JAX stack
-changes none of it (issue 33). Reads pip's --dry-run --report JSON.
+changes none of it. Reads pip's --dry-run --report JSON.
 
   python .ci/beside_jax.py REPORT.json
 """

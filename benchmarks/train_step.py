@@ -17,16 +17,20 @@ import os
 import sys
 import time
 
+from absl import app
+from absl import flags
 import jax
-import numpy as np
-from absl import app, flags
 from ml_collections import config_flags
+import numpy as np
 
 from prolip_jax import sharding as shd
 from prolip_jax.aot import compiler as aot
-from prolip_jax.models import ModelConfig, ProLIP, attention_impl_for
+from prolip_jax.models import attention_impl_for
+from prolip_jax.models import ModelConfig
+from prolip_jax.models import ProLIP
 from prolip_jax.training import mfu as mfu_lib
-from prolip_jax.training import optimizer, train
+from prolip_jax.training import optimizer
+from prolip_jax.training import train
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 config_flags.DEFINE_config_file(

@@ -14,10 +14,10 @@ import json
 import math
 import os
 
+from absl import flags
 import jax
 import numpy as np
 import pytest
-from absl import flags
 
 from prolip_jax import sharding as shd
 from prolip_jax.aot import compiler as aot

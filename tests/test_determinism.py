@@ -1,5 +1,5 @@
 """A run computes the same bits on a machine whatever CPUs it may use and
-whatever else runs beside it (issue 33).
+whatever else runs beside it.
 
 XLA:CPU splits some sums into as many parts as its intra-op thread pool has
 threads, and sizes that pool by the CPUs the process may run on: without

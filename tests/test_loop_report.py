@@ -22,15 +22,13 @@ import pytest
 from prolip_jax import errors
 from prolip_jax.config import presets
 from prolip_jax.models import ModelConfig
-from prolip_jax.training import (
-  loop_report,
-  mfu,
-  profiling,
-  progress,
-  step_timing,
-  train,
-  wandb_sink,
-)
+from prolip_jax.training import loop_report
+from prolip_jax.training import mfu
+from prolip_jax.training import profiling
+from prolip_jax.training import progress
+from prolip_jax.training import step_timing
+from prolip_jax.training import train
+from prolip_jax.training import wandb_sink
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100 = types.SimpleNamespace(device_kind='NVIDIA H100 80GB HBM3')

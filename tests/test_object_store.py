@@ -31,9 +31,9 @@ from prolip_jax import main as main_lib
 from prolip_jax.data import record_sources
 from prolip_jax.evaluation import datasets
 from prolip_jax.interop import manifest
+from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
 from prolip_jax.storage.workdir import Workdir
-from prolip_jax.storage import checkpoint
 from prolip_jax.training import progress
 from prolip_jax.training import workdir_lock
 from prolip_jax.training.workdir_lock import WorkdirLock

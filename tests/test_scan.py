@@ -22,8 +22,8 @@ from prolip_jax.models import init_params
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 from prolip_jax.models import random_keep_indices
-from prolip_jax.storage import file_names
 from prolip_jax.storage import checkpoint
+from prolip_jax.storage import file_names
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 

@@ -29,8 +29,8 @@ import prolip_jax
 from prolip_jax import errors
 from prolip_jax.data import record_format
 from prolip_jax.interop import manifest
-from prolip_jax.storage import paths
 from prolip_jax.storage import checkpoint
+from prolip_jax.storage import paths
 import test_user_errors as tue  # the tiny imported workdir and the tools
 from test_user_errors import export_tool  # pylint: disable=unused-import
 from test_user_errors import import_tool  # pylint: disable=unused-import

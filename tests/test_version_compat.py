@@ -1,5 +1,5 @@
 """A checkpoint written under the oldest supported JAX stack restores and
-resumes under this one (issue 33: ranges, not pins).
+resumes under this one (the project asks for version ranges, not pins).
 
 Needs a second Python with the oldest stack (CI's Python 3.12 leg points
 ``PROLIP_OLDEST_PYTHON`` at the reference Python 3.11 environment of

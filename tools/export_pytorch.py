@@ -59,13 +59,13 @@ from prolip_jax.data.tokenizer import HF_JSON
 from prolip_jax.interop import convert
 from prolip_jax.interop import manifest
 from prolip_jax.storage import atomic
+from prolip_jax.storage import checkpoint
 from prolip_jax.storage import file_names
 from prolip_jax.storage import paths
 from prolip_jax.storage.file_names import CONFIG_FILE
 from prolip_jax.storage.file_names import PROJECT_FILE
 from prolip_jax.storage.file_names import WEIGHTS_FILE
 from prolip_jax.storage.workdir import Workdir
-from prolip_jax.storage import checkpoint
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

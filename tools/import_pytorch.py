@@ -52,10 +52,10 @@ from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.interop import convert
 from prolip_jax.interop import manifest
 from prolip_jax.storage import atomic
+from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
 from prolip_jax.storage import workdir as workdir_lib
 from prolip_jax.storage.workdir import Workdir
-from prolip_jax.storage import checkpoint
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 TORCH_SUFFIXES = ('.bin', '.pt', '.pth')

@@ -6,7 +6,7 @@ Gaussians, and flat hit@k for multi-label data).
 embeds its classes with: the ``zero_shot`` evaluator kind
 (``evaluators.py``), the bundled suites (``class_prompts``: this suite and
 BPRW), the training loop's held-out evaluation (``train_time.py``) and
-``LoadedModel.zero_shot_classifier`` (``inference.py``). Only the text
+``LoadedModel.zero_shot_classifier`` (``interop/load.py``). Only the text
 embedder differs between them.
 """
 

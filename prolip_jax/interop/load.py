@@ -40,11 +40,10 @@ from prolip_jax.interop import hub
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.storage import checkpoint
 from prolip_jax.storage import file_names
 from prolip_jax.storage import paths
 from prolip_jax.storage.workdir import Workdir
-from prolip_jax.storage import checkpoint
-
 
 
 @dataclasses.dataclass

@@ -25,7 +25,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from prolip_jax.config import keys as config_keys
-from prolip_jax.training import mfu, profiling, step_timing, wandb_sink
+from prolip_jax.training import mfu
+from prolip_jax.training import profiling
+from prolip_jax.training import step_timing
+from prolip_jax.training import wandb_sink
 
 
 def check_config(config):

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 
 from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
-from prolip_jax.storage.workdir import Workdir
 from prolip_jax.storage import checkpoint
+from prolip_jax.storage.workdir import Workdir
 
 def stored_meta(workdir) -> Optional[tuple[int, dict]]:
   """``(step, meta)`` of the workdir's newest checkpoint whose meta reads,

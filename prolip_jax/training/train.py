@@ -49,9 +49,9 @@ from prolip_jax.interop import hub
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 from prolip_jax.objectives.base import Objective
+from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
 from prolip_jax.storage.workdir import Workdir
-from prolip_jax.storage import checkpoint
 from prolip_jax.training import loop_report
 from prolip_jax.training import progress
 from prolip_jax.training import resume
