@@ -54,7 +54,6 @@ def get_config():
   c.data.num_workers = 16
   c.log_every_steps = 50
   c.checkpoint_every_steps = 1000
-  c.eval.every_steps = 0
   # ImageNet-1k / -v2 zero-shot, COCO 5k retrieval, the uncertainty summary.
   c.evals = presets.benchmark_evals(every_steps=5000)
   c.mesh.data = -1

@@ -22,7 +22,7 @@ def get_config():
   c.optim.warmup_steps = 2
   c.log_every_steps = 1
   c.checkpoint_every_steps = 3
-  c.eval.every_steps = 0
-  c.eval.batch_size = 500
+  c.evals = presets.heldout_evals(every_steps=0)
+  c.evals.eval.batch_size = 500
   c.data.num_threads = 1
   return c

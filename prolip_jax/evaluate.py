@@ -1,4 +1,4 @@
-"""``python -m prolip_jax.evaluate``: evaluation suites on a checkpoint.
+"""``python -m prolip_jax.evaluate``: evaluators on a checkpoint.
 
 The command layer of evaluation: it parses the flags
 (``evaluation/cli.py``), loads the model (``prolip_jax.load``, the only
@@ -8,10 +8,12 @@ docstring for the modules), which never imports the loader.
 
   python -m prolip_jax.evaluate --workdir DIR --config configs/eval/digits.py
 
-Suites: ``zero_shot`` (top-1/top-5 by CSD and cosine over the prompt
-ensemble), ``retrieval`` (R@1/5/10 both ways, several captions per image),
-``uncertainty`` (paper 4.3: Figs. 4-8 and C.6), ``bprw``, ``traversal`` and
-``filtering`` (the applications of ``prolip_jax.applications``).
+Kinds (``prolip_jax/evaluation/kinds/``): ``zero_shot`` (top-1/top-5 by
+CSD and cosine over the prompt ensemble), ``retrieval`` (R@1/5/10 both
+ways, several captions per image), ``uncertainty`` and
+``uncertainty_report`` (paper 4.3: Figs. 4-8 and C.6), ``heldout`` (the
+training run's own), ``bprw``, ``traversal`` and ``filtering`` (the
+applications of ``prolip_jax.applications``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Sam et al., "Finetuning CLIP to Reason about Pairwise Differences" (PC-CLIP).
 g is the image encoder, f the text encoder (L2-normalised outputs). The
 training objective (eq. 1, 4, 5) is ``prolip_jax.losses.pcclip``; the
 objective that trains with it, ``prolip_jax.objectives.pcclip``, reports
-eq. 2's accuracy during training (``evaluation.train_time``).
+eq. 2's accuracy in the held-out evaluation (``evaluation/kinds/heldout.py``).
 
 * Eq. 2: image i is predicted to have more of the attribute described by
   T_ij than image j iff

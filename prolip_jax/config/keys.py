@@ -234,14 +234,12 @@ KEYS: dict[str, Key] = {
     'init_tokenizer': Key('', 'tokenizer for init_from (file, dir or '
                           'hf-hub:NAME)'),
     # -- evaluation, logging, checkpoints, devices
-    'eval.every_steps': Key(0, 'held-out eval interval (0: at the end '
-                            'only)', minimum=0),
-    'eval.batch_size': Key(250, 'eval batch', minimum=1),
     'eval.tfds_data_dir': Key('', 'TFDS data_dir of the evaluators that set '
                               'none (config.evals)'),
     # An open subtree: every key under it is this declaration's.
     'evals': Key({}, 'evaluators run in training and by evaluate: {name: '
-                 '{kind, data, every_steps, ...}} (evaluation/evaluators.py)'),
+                 '{kind, data, every_steps, ...}} (evaluation/evaluator.py; '
+                 'one module per kind in evaluation/kinds/)'),
     'log_every_steps': Key(20, 'progress line and metrics.jsonl row '
                            'interval', minimum=1),
     # -- reporting (may change on resume; docs/training.md)

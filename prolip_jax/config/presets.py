@@ -83,11 +83,12 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   return config
 
 
-def bundled_report_evals(dataset: str) -> dict:
-  """``config.evals`` of the demos: the bundled report of their data
-  (``configs/eval/<dataset>.py``), run by ``python -m prolip_jax.evaluate``
-  (the training loop's own held-out evaluation is ``config.eval``)."""
-  return {dataset: {'kind': 'suites', 'dataset': dataset, 'every_steps': -1}}
+def heldout_evals(every_steps: int = 0) -> dict:
+  """``config.evals`` of the demos: the held-out evaluation of the bundled
+  set they train on (``kind='heldout'``, metrics ``eval/...``), every
+  ``every_steps`` steps and at the end. ``python -m prolip_jax.evaluate``
+  adds the set's bundled report (``configs/eval/<set>.py``)."""
+  return {'eval': {'kind': 'heldout', 'every_steps': every_steps}}
 
 
 def benchmark_evals(every_steps: int = 5000, batch_size: int = 1024,
@@ -173,8 +174,7 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   c.data.grayscale_prob = 0.0
   c.log_every_steps = 25
   c.checkpoint_every_steps = 200
-  c.eval.every_steps = 300
-  c.evals = bundled_report_evals('digits')
+  c.evals = heldout_evals(every_steps=300)
   if objective == 'uniclip':
     _uniclip_settings(c)
   return c
@@ -205,8 +205,7 @@ def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
   heart', 'blue heart'), so no colour jitter or grayscale.
   """
   c = tiny_demo_config(objective)
-  c.data.name = 'emoji'
-  c.evals = bundled_report_evals('emoji')
+  c.data.name = 'emoji'  # the held-out evaluation follows it
   if objective == 'prolip':
     short_run_uncertainty(c, beta=0.3)
   c.data.jitter_prob = 0.0

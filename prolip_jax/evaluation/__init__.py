@@ -1,21 +1,26 @@
-"""Evaluation: zero-shot, retrieval, the uncertainty report, applications.
+"""Evaluation: one evaluator protocol, one way to embed, the metrics.
 
 Modules (each importable on its own; this package imports none of them, so
-``prolip_jax.interop.load`` can use ``metrics`` and ``zero_shot`` without
-pulling in the runner). Evaluation imports neither the training loop nor
-the model loader: ``train`` hands it the objective and a place for its
-progress lines, ``prolip_jax/evaluate.py`` (the command) a loaded model.
+``prolip_jax.interop.load`` can use ``metrics`` and ``prompts`` without
+pulling in the rest). Evaluation imports neither the training loop nor
+the model loader: training builds its evaluators from the objective
+(``training/loop_evals.py``), ``prolip_jax/evaluate.py`` (the command) from
+a loaded model.
 
-* ``metrics``: pure scores and metrics over embeddings (CSD / cosine
-  zero-shot, top-k, retrieval recall, flat hit@k).
-* ``data``: evaluation sets in memory (``EvalData``, the bundled digits).
-* ``embedder``: a loaded model's inputs embedded in batches with progress.
-* ``zero_shot``: the one prompt ensemble (``prompt_ensemble``,
-  ``class_ensemble``) every zero-shot path uses, and the zero-shot suite.
-* ``context``, ``retrieval``, ``uncertainty_report``, ``applications``: the
-  other suites; ``runner.run`` runs the configured ones, ``report`` formats
-  every printed report (evaluate's table, the training run's summary and
-  progress lines; one set of units and labels) and ``cli`` holds the flags
-  of ``python -m prolip_jax.evaluate``.
-* ``train_time``: the short held-out eval the training loop runs.
+* ``evaluator``: the protocol (``Evaluator(encoders, name, **cfg).run(params)
+  -> Result``), the checks of ``config.evals`` entries and the registry:
+  each kind is one module of ``kinds/`` (zero_shot, retrieval, uncertainty,
+  heldout, uncertainty_report, bprw, traversal, filtering).
+* ``encoders``: the one way to embed: a model's encoders on every device
+  and host, the parameters passed at each call.
+* ``sets``: the data an entry names (``tfds:``, ``folder:``, ``jsonl:``,
+  ``array_record:``, the bundled ``digits`` / ``emoji``); ``bundled``: the
+  bundled sets in memory (``EvalData``); ``in_memory``: the base of the
+  kinds that score them.
+* ``metrics``: pure scores over embeddings (CSD / cosine zero-shot, top-k,
+  retrieval recall); ``prompts``: the one prompt ensemble;
+  ``uncertainty``: sigma^2 statistics, partial views and the figures of
+  paper 4.3.
+* ``runner``: what ``python -m prolip_jax.evaluate`` runs (``cli``: its
+  flags); ``report``: every printed report (one set of units and labels).
 """

@@ -39,9 +39,8 @@ DEFAULT_CONFIG = None
 
 # The override examples of --help, each a working set of flags (tested).
 EXAMPLES = (
-    '--config configs/eval/digits.py --config.data.per_class=20',
-    '--config configs/eval/digits.py "--config.suites=(\'zero_shot\', '
-    '\'retrieval\')"',
+    '--config configs/eval/digits.py --config.per_class=20',
+    '--config configs/eval/digits.py --evals=zero_shot,retrieval',
     '--config configs/eval/imagenet_folder.py '
     '--config.evals.imagenet.data=folder:/data/imagenet/val',
     '--config configs/eval/benchmarks.py --config.tfds_data_dir=/data/tfds',
@@ -54,9 +53,9 @@ Usage: python -m prolip_jax.evaluate --workdir DIR [--config FILE]
                                      [--tfds_data_dir DIR]
 
 Runs a checkpoint's evaluators: by default the ones it was trained with
-(its config.evals: the digits or emoji report for the demos, ImageNet /
-COCO for the B/16 configs), or those of --config. Writes OUT/<name>.json
-(the bundled report: OUT/<suite>.json and PNG figures) and summary.json,
+(its config.evals: ImageNet / COCO for the B/16 configs; the demos add the
+digits or emoji report), or those of --config. Writes OUT/<name>.json, PNG
+figures beside them and summary.json,
 and prints a table (accuracies and recalls in percent, sigma^2 per
 dimension and as a trace).
 

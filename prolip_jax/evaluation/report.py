@@ -4,7 +4,8 @@
   prints. It turns ``{suite/key: value}`` (``summary.json``'s ``metrics``,
   raw fractions) into ``suite  metric  value`` rows.
 * ``format_summary(summary)``: the lines printed at the end of a training
-  run (its held-out evaluation, ``train_time.py``, and its ``config.evals``).
+  run (its held-out evaluation, ``kinds/heldout.py``, and the other
+  ``config.evals``).
 * ``heldout_line`` / ``evaluator_line``: the one-line progress reports of
   the training loop's evaluations.
 
@@ -75,16 +76,24 @@ def _view_name(key: str) -> str:
 # Labels shared with training's summary are spelled as it spells them.
 _RULES: list[tuple[str, str, str, Callable]] = [
     ('zero_shot', r'(csd|cosine)_top(\d+)', 'zero-shot top-{1}, {0}', pct),
-    ('zero_shot', r'(csd|cosine)_flat_hit@(\d+)', 'flat hit@{1}, {0}', pct),
-    ('uncertainty', r'sigma2_per_dim_img_mean',
+    ('heldout', r'zeroshot_(csd|cosine)_top(\d+)', 'zero-shot top-{1}, {0}',
+     pct),
+    ('heldout', r'sigma2_img', 'mean sigma^2 per dimension, images',
+     _sigma2),
+    ('heldout', r'sigma2_(captions|prompts)',
+     'mean sigma^2 per dimension, {0}', _sigma2),
+    ('heldout', r'diff_acc', 'difference classification (PC-CLIP eq. 2)',
+     pct),
+    ('heldout', r'diff_acc/(.+)', 'difference classification, {0}', pct),
+    ('uncertainty_report', r'sigma2_per_dim_img_mean',
      'mean sigma^2 per dimension, images', _sigma2),
-    ('uncertainty', r'sigma2_per_dim_txt_mean',
+    ('uncertainty_report', r'sigma2_per_dim_txt_mean',
      'mean sigma^2 per dimension, captions', _sigma2),
-    ('uncertainty', r'sigma2_trace_img_mean',
+    ('uncertainty_report', r'sigma2_trace_img_mean',
      'mean sigma^2 = tr(Sigma) (trace), images', _sigma2),
-    ('uncertainty', r'sigma2_trace_txt_mean',
+    ('uncertainty_report', r'sigma2_trace_txt_mean',
      'mean sigma^2 = tr(Sigma) (trace), captions', _sigma2),
-    # The uncertainty evaluator (evaluators.py) names them as training does.
+    # The uncertainty kind names them as training's held-out evaluation.
     ('uncertainty', r'sigma2_img', 'mean sigma^2 per dimension, images',
      _sigma2),
     ('uncertainty', r'sigma2_captions',
@@ -93,18 +102,18 @@ _RULES: list[tuple[str, str, str, Callable]] = [
      'caption sigma^2 > its image sigma^2', pct),
     ('uncertainty', r'spearman_length_sigma2',
      'Spearman(caption length, sigma^2)', _signed),
-    ('uncertainty', r'spearman_level_sigma2', 'Spearman(level, sigma^2)',
+    ('uncertainty_report', r'spearman_level_sigma2', 'Spearman(level, sigma^2)',
      _signed),
-    ('uncertainty', r'level_adjacent_decreasing',
+    ('uncertainty_report', r'level_adjacent_decreasing',
      'sigma^2 decreasing, adjacent levels', pct),
-    ('uncertainty', r'level_chain_decreasing',
+    ('uncertainty_report', r'level_chain_decreasing',
      'sigma^2 decreasing along every level', pct),
-    ('uncertainty', r'level_min_general_above_specific',
+    ('uncertainty_report', r'level_min_general_above_specific',
      'min over level pairs P(general > specific)', pct),
-    ('uncertainty', r'inclusion_positive/text_hierarchy_chain',
+    ('uncertainty_report', r'inclusion_positive/text_hierarchy_chain',
      'H > 0 along the whole text hierarchy', pct),
-    ('uncertainty', r'inclusion_positive/(.+)', 'H(orig in view) > 0, {0}', pct),
-    ('uncertainty', r'style_not_more_certain/([a-z]+)_(.+)',
+    ('uncertainty_report', r'inclusion_positive/(.+)', 'H(orig in view) > 0, {0}', pct),
+    ('uncertainty_report', r'style_not_more_certain/([a-z]+)_(.+)',
      'restyled image sigma^2 >= original, {0} {1}', pct),
     ('bprw', r'uniform_top(\d+)', 'top-{0}, uniform prompt weights', pct),
     ('bprw', r'inv_trace_top(\d+)', 'top-{0}, 1/tr(Sigma) initial weights',
@@ -141,7 +150,8 @@ def _group_text(group: str) -> str:
 def describe(suite: str, key: str, value: Any) -> tuple[str, str]:
   """``(label, formatted value)`` of one metric of ``suite``."""
   for rule_suite, pattern, label, fmt in _RULES:
-    if rule_suite != suite:
+    if rule_suite != suite and not (rule_suite == 'uncertainty'
+                                    and suite == 'uncertainty_report'):
       continue
     m = re.fullmatch(pattern, key)
     if m is None:
@@ -165,9 +175,6 @@ def _split(name: str, kinds: dict[str, str] | None) -> tuple[str, str, str]:
   (the bundled report run as evaluator ``digits``)."""
   prefix, _, rest = name.partition('/')
   kind = (kinds or {}).get(prefix)
-  if kind == 'suites':
-    suite, _, key = rest.partition('/')
-    return f'{prefix}/{suite}', suite, key
   if kind is not None:
     return prefix, kind, rest
   return prefix, prefix, rest
@@ -227,7 +234,7 @@ def format_table(metrics: dict[str, Any], notes: bool = True,
   for suite, label, value in rows:
     lines.append(f'{suite:{w1}s}  {label:{w2}s}  {value}')
   if notes and rows:
-    lines.append('(summary.json and <suite>.json hold the same metrics as '
+    lines.append('(summary.json and <name>.json hold the same metrics as '
                  'fractions; sigma^2 per dimension = tr(Sigma) / dim)')
   return '\n'.join(lines)
 

@@ -1,21 +1,21 @@
 """What ``python -m prolip_jax.evaluate`` runs: a loaded model's evaluators
 (the command, ``prolip_jax/evaluate.py``, loads it).
 
-``run(model)`` with no config runs the evaluators the checkpoint
-was trained with (its ``config.evals``; a checkpoint without them, such as
-one written before evaluators were configurable, gets the bundled report of
-the data it was trained on, digits or emoji), so an emoji model is scored on
-the emoji. ``config`` may instead be an eval config with ``evals`` (the
-same entries as a training config: ``configs/eval/imagenet.py``) or an eval
-config of the bundled report (``suites`` + ``data``: ``configs/eval/digits.py``).
+``run(model)`` with no config runs the evaluators the checkpoint was
+trained with (its ``config.evals``) and, for a model trained on the bundled
+digits or emoji, the bundled report of that set, so an emoji model is
+scored on the emoji. ``config`` may instead be an eval config with ``evals`` (the
+same entries as a training config: ``configs/eval/benchmarks.py``, the
+bundled report ``configs/eval/digits.py``).
 
-Writes ``OUT/<name>.json`` per evaluator (the bundled report:
-``OUT/<suite>.json`` and its figures) and ``OUT/summary.json`` with every
-scalar; returns the summary and logs a table.
+Writes ``OUT/<name>.json`` per evaluator, its figures beside them, and
+``OUT/summary.json`` with every scalar; returns the summary and logs a
+table.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Callable, Optional
@@ -25,27 +25,50 @@ import ml_collections
 from prolip_jax import errors
 from prolip_jax.storage import paths
 from prolip_jax import sharding as shd
-from prolip_jax.evaluation import evaluators
-from prolip_jax.evaluation import sharded
-from prolip_jax.evaluation import suites
+from prolip_jax.evaluation import encoders as encoders_lib
+from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import sets
+from prolip_jax.evaluation.evaluator import jsonable
 from prolip_jax.evaluation.report import format_table
-from prolip_jax.evaluation.suites import jsonable
+
 
 def checkpoint_evals(model) -> ml_collections.ConfigDict:
-  """The ``evals`` a loaded model was trained with, or the bundled report
-  of its training data (digits / emoji) when it declares none."""
+  """The ``evals`` a loaded model was trained with and, for a model trained
+  on the bundled digits or emoji, the bundled report of that set
+  (``configs/eval/<set>.py``; an entry of the same name as one of the
+  run's is the run's)."""
   run_config = getattr(model, 'run_config', None) or {}
-  evals = run_config.get('evals') or {}
-  if evals:
-    return ml_collections.ConfigDict(evals)
+  evals = dict(run_config.get('evals') or {})
   dataset = (run_config.get('data') or {}).get('name', '')
-  if dataset in ('digits', 'emoji'):
-    return ml_collections.ConfigDict({dataset: {
-        'kind': 'suites', 'dataset': dataset}})
-  raise errors.ConfigError(
-      'the model declares no evaluators (its config has no evals and was not '
-      'trained on the bundled digits or emoji): pass --config, e.g. '
-      'configs/eval/imagenet.py')
+  if dataset in sets.BUNDLED:
+    report = load_config_file(bundled_config_path(dataset)).evals.to_dict()
+    evals = {**report, **evals}
+  if not evals:
+    raise errors.ConfigError(
+        'the model declares no evaluators (its config has no evals and was '
+        'not trained on the bundled digits or emoji): pass --config, e.g. '
+        'configs/eval/imagenet.py')
+  return ml_collections.ConfigDict(evals)
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def bundled_config_path(dataset: str) -> str:
+  """``configs/eval/<dataset>.py`` of the repository: the bundled report."""
+  return os.path.join(_REPO, 'configs', 'eval', f'{dataset}.py')
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """``get_config()`` of a Python config file."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'no eval config file {path}')
+  spec = importlib.util.spec_from_file_location(
+      f'_eval_config_{abs(hash(path))}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def run(model, config=None, out_dir: Optional[str] = None,
@@ -56,8 +79,9 @@ def run(model, config=None, out_dir: Optional[str] = None,
   Args:
     model: a ``LoadedModel`` (the command, ``prolip_jax.evaluate.run``,
       loads one from a path).
-    config: None (the model's own ``evals``), an eval config with ``evals``,
-      or a bundled-report config (``suites`` + ``data``).
+    config: None (the model's own ``evals``, ``checkpoint_evals``) or an
+      eval config with ``evals`` (``configs/eval/digits.py``,
+      ``configs/eval/benchmarks.py``).
     out_dir: where the results go (a local, gs:// or s3:// directory).
     log: where progress lines and the table go.
     only: names of the evaluators to run (default all).
@@ -67,8 +91,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
 
   Returns:
     ``{'metrics': {name/metric: value}, 'figures': [...], 'files': [...],
-    'skipped': {name: reason}}``; the bundled-report config keeps its
-    ``suite/metric`` names.
+    'skipped': {name: reason}, 'kinds': {name: kind}}``.
   """
   if isinstance(model, (str, os.PathLike)):
     raise TypeError('runner.run takes a loaded model; '
@@ -96,44 +119,42 @@ def run(model, config=None, out_dir: Optional[str] = None,
 def _run(model, config, out_dir: str, log, only, tfds_data_dir) -> dict:
   """The summary of ``run``, its files written under the local
   ``out_dir``."""
-  if config is not None and 'suites' in config and 'evals' not in config:
-    summary = suites.run_suites(model, config, out_dir, log)
-    summary['skipped'], summary['kinds'] = {}, None
-    return summary
   if config is None:
     evals = checkpoint_evals(model)
     stored = ((getattr(model, 'run_config', None) or {}).get('eval') or {})
     default_dir = stored.get('tfds_data_dir', '')
   else:
+    if 'evals' not in config:
+      raise errors.ConfigError('an eval config declares evals (a mapping '
+                               'name -> entry, as configs/eval/digits.py)')
     evals, default_dir = config.evals, config.get('tfds_data_dir', '')
   if tfds_data_dir is not None:
     default_dir = tfds_data_dir
-  return _run_evaluators(model, evaluators.build(evals, default_dir),
-                         out_dir, log, only)
-
-
-def _run_evaluators(model, todo, out_dir: str, log, only) -> dict:
+  names = evaluator.entries(evals)
   if only:
-    unknown = sorted(set(only) - {e.name for e in todo})
+    unknown = sorted(set(only) - set(names))
     if unknown:
       raise errors.ConfigError(
-          f'no evaluator {", ".join(unknown)} (have '
-          f'{", ".join(e.name for e in todo)})')
-    todo = [e for e in todo if e.name in only]
+          f'no evaluator {", ".join(unknown)} (have {", ".join(names)})')
+    evals = {k: v for k, v in names.items() if k in only}
   # Every device of every host; the batch split over all of them.
-  model_on_mesh = sharded.from_loaded(
+  encoders = encoders_lib.from_loaded(
       model, shd.make_mesh({'data': -1, 'fsdp': 1}))
+  todo = evaluator.build(evals, encoders, default_dir)
   metrics, skipped, figures, files = {}, {}, [], []
   for e in todo:
-    reason = e.check_available()
+    reason = e.available()
     if reason:
       log(f'[{e.name}] skipped: {reason}')
       skipped[e.name] = reason
       continue
-    result = e.run(model_on_mesh, out_dir, log)
-    metrics.update({f'{e.name}/{k}': v for k, v in result.items()})
-    figures += e.figures
-    files += e.files
+    log(f'[{e.name}] running ({e.kind})')
+    result = e.run(model.params, out_dir, log)
+    if result.skipped:
+      skipped[e.name] = result.skipped
+    metrics.update({f'{e.name}/{k}': v for k, v in result.metrics.items()})
+    figures += result.figures
+    files += result.files
   if skipped and not metrics:
     raise errors.DatasetUnavailableError(
         '; '.join(f'{k}: {v}' for k, v in skipped.items()))

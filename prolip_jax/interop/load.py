@@ -35,7 +35,7 @@ from prolip_jax.embedding import InputError  # pylint: disable=unused-import
 from prolip_jax.embedding import normalize_images
 from prolip_jax.embedding import text_list
 from prolip_jax.evaluation import metrics
-from prolip_jax.evaluation import zero_shot
+from prolip_jax.evaluation import prompts
 from prolip_jax.interop import hub
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
@@ -188,7 +188,7 @@ class LoadedModel:
     """Class Gaussians from ``template.format(name)`` for every pair."""
     if not templates or not class_names:
       raise ValueError('need at least one class name and one template')
-    cls_mu, cls_var = zero_shot.class_ensemble(self.encode_text,
+    cls_mu, cls_var = prompts.class_ensemble(self.encode_text,
                                                class_names, templates)
     return ZeroShotClassifier(self, list(class_names), np.asarray(cls_mu),
                               None if cls_var is None else np.asarray(cls_var))

@@ -21,7 +21,7 @@ hook                         used for
 ``make_loss_fn(...)``        the whole step loss (default: towers -> loss)
 ``update_teacher(...)``      after the optimizer step (OTTER's EMA)
 ``encoders(...)``            the space it is scored in (eval, ``load``)
-``train_eval_metrics(...)``  extra train-time eval numbers (PC-CLIP eq. 2)
+``heldout_metrics(...)``     the objective's own held-out figures (PC-CLIP eq. 2)
 ===========================  ==============================================
 
 The default ``make_loss_fn`` is the two-tower step every image-text objective
@@ -249,8 +249,10 @@ class Objective:
     del config
     return tower_encoders(model, params)
 
-  def train_eval_metrics(self, encoders, tokenizer, config, image_size: int
-                         ) -> dict[str, float]:
-    """Extra numbers for the train-time eval on the digits (default none)."""
-    del encoders, tokenizer, config, image_size
+  def heldout_metrics(self, embed_images: Callable, embed_texts: Callable,
+                      image_size: int) -> dict[str, float]:
+    """The objective's own figures in the ``heldout`` evaluation (default
+    none): ``embed_images(uint8 (n, s, s, 3))`` and
+    ``embed_texts(list of str)`` return ``(mu, logvar or None)``."""
+    del embed_images, embed_texts, image_size
     return {}

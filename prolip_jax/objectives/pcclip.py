@@ -23,7 +23,6 @@ from prolip_jax.applications.pcclip import difference_classify
 from prolip_jax.data import digits
 from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
-from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import normalize_images
 from prolip_jax.losses import difference_alignment_loss
 from prolip_jax.objectives.clip import CLIPObjective
@@ -81,8 +80,8 @@ def digits_eval_images(split: str, image_size: int
                               image_size), labels
 
 
-def difference_classification_digits(encoders: tuple[Callable, Callable],
-                                     tokenizer, config, image_size: int,
+def difference_classification_digits(embed_images: Callable,
+                                     embed_texts: Callable, image_size: int,
                                      num_pairs: int = 500, seed: int = 0,
                                      split: str = 'heldout'
                                      ) -> dict[str, float]:
@@ -95,18 +94,22 @@ def difference_classification_digits(encoders: tuple[Callable, Callable],
   has more" phrase (e.g. "the first digit is larger than the second"), and
   the prediction 1{(g(I_i) - g(I_j)) . f(T) >= 0}. Chance is 50%.
 
+  Args:
+    embed_images: uint8 images ``(n, s, s, 3)`` -> (mu ``(n, d)``, logvar).
+    embed_texts: captions -> (mu ``(m, d)``, logvar).
+    image_size: the model's image size.
+
   Returns:
     ``{'diff_acc/<attribute>': accuracy, 'diff_acc': their mean}``.
   """
-  enc_img, enc_txt = encoders
   images, _ = digits_eval_images(split, image_size)
   attrs = digits.attributes(split)
-  g, _ = embed_in_batches(enc_img, images, config.eval.batch_size)
+  g, _ = embed_images(images)
   out = {}
   for attr in pairs.DIGIT_SCHEMA:
     if attr.more is None:
       continue
-    f_t = np.asarray(enc_txt(tokenizer([attr.more]))[0])[0]
+    f_t = np.asarray(embed_texts([attr.more])[0])[0]
     i, j, truth = pairs.difference_eval_pairs(attrs, attr, num_pairs, seed)
     if not len(i):  # no two images differ in it: nothing to rank
       continue
@@ -170,6 +173,6 @@ class PCCLIPObjective(CLIPObjective):
 
     return add_pair_loss
 
-  def train_eval_metrics(self, encoders, tokenizer, config, image_size: int):
-    return difference_classification_digits(
-        encoders, tokenizer, config, image_size)
+  def heldout_metrics(self, embed_images, embed_texts, image_size: int):
+    return difference_classification_digits(embed_images, embed_texts,
+                                            image_size)

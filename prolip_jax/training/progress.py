@@ -304,6 +304,12 @@ class NonFiniteMonitor:
     self.flush()
     self.pending = (step, flag)
 
+  def flushed_ok(self) -> bool:
+    """``flush``, then whether the newest step was finite (a checkpoint
+    now would hold a new state; mid-streak it would not)."""
+    self.flush()
+    return not self.consecutive
+
   def flush(self):
     if self.pending is None:
       return

@@ -21,7 +21,6 @@ import tempfile
 import time
 from typing import Any, Callable, Optional
 
-from absl import logging
 import flax
 import jax
 from jax.experimental import multihost_utils
@@ -42,9 +41,8 @@ from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.data.tokenizer import train_tokenizer
-from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import report as eval_report
-from prolip_jax.evaluation import train_time
 from prolip_jax.interop import hub
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -52,6 +50,7 @@ from prolip_jax.objectives.base import Objective
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
 from prolip_jax.storage.workdir import Workdir
+from prolip_jax.training import loop_evals
 from prolip_jax.training import loop_report
 from prolip_jax.training import progress
 from prolip_jax.training import resume
@@ -354,7 +353,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
 class _Run:
   """What ``_build`` makes of a config before any state exists."""
   mesh: Any
-  evals: list
   source: Any
   tokenizer: Tokenizer
   model: ProLIP
@@ -378,9 +376,7 @@ def _build(config, workdir: Workdir, objective) -> _Run:
                      f'the {shards} batch shards of mesh '
                      f'{dict(mesh.shape)}')
   objective.validate_batch(config, shards)  # before any data/tokenizer work
-  evals = evaluators.build(config.get('evals'),
-                           config_keys.get(config, 'eval.tfds_data_dir'))
-  evaluators.check_for_training(evals)
+  evaluator.entries(config.get('evals'))  # a bad entry fails before any work
   source, corpus = sources.train_source(config)
   if corpus is not None:
     corpus = objective.extend_corpus(corpus)
@@ -406,7 +402,7 @@ def _build(config, workdir: Workdir, objective) -> _Run:
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   init_state, state_shardings = run_state_initializer(config, model, tx,
                                                       mesh, objective)
-  return _Run(mesh, evals, source, tokenizer, model, tx, schedule, dataset,
+  return _Run(mesh, source, tokenizer, model, tx, schedule, dataset,
               init_state, state_shardings,
               jax.eval_shape(init_state, init_rng), init_rng, step_rng)
 
@@ -425,6 +421,69 @@ def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
     row['data/records_seen'] = bad['seen']
     row['data/bad_fraction'] = bad['bad_fraction']
   return row
+
+
+def _log_row(config, step: int, end: int, metrics: dict,
+             nonfinite_total: int, source, report, writer,
+             times: tuple[float, int, float]) -> dict[str, float]:
+  """Writes the ``metrics.jsonl`` row of ``step`` (``_metrics_row`` and the
+  loop report's interval figures) and prints the progress line (process
+  0); ``times`` is (when the interval began, its first step, when the run
+  began). Returns the row."""
+  t_log, step_log, t_start = times
+  metrics = jax.device_get(metrics)
+  now = time.time()
+  rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
+  row = _metrics_row(metrics, rate, nonfinite_total, source)
+  row.update(report.end_interval(step))
+  writer.write(step, row)
+  if jax.process_index() == 0:
+    print(progress.progress_line(
+        step, config.total_steps, row,
+        (end - step) * config.batch_size / max(rate, 1e-9), now - t_start),
+          flush=True)
+  return row
+
+
+def _next_batch(data_iter, mesh, report, monitor, save_progress):
+  """The next global batch; a bad record (``records.BadRecordError``) saves
+  the progress first when this is the only process (with several, the
+  others are mid-step) and is raised: the data needs fixing."""
+  try:
+    local_batch = report.data(next, data_iter)
+  except records.BadRecordError:
+    monitor.flush()
+    if jax.process_count() == 1:
+      save_progress()
+    raise
+  return report.data(shd.host_to_global, mesh, local_batch)
+
+
+def _compiled(step: int, metrics: dict, t_start: float, report):
+  """After the first step (which compiled the step): one line on its time;
+  the loop report's interval starts here (compiling is no step)."""
+  jax.block_until_ready(metrics['loss'])
+  progress.status(f'Compiled and ran step {step} in '
+                  f'{progress.fmt_time(time.time() - t_start)}',
+                  jax.process_index() == 0)
+  report.start_interval(step)
+
+
+def _checkpoint_meta(config, model, tokenizer) -> dict:
+  """What every checkpoint stores beside the arrays: the run's config, the
+  model's and the tokenizer's."""
+  return {'config': json.loads(config.to_json_best_effort()),
+          'model': model.config.to_dict(),
+          **checkpoint.tokenizer_meta(tokenizer)}
+
+
+def _save(mngr, meta: dict, state, step: int, force: bool = False):
+  """Saves ``state`` as the checkpoint of ``step`` (none when it exists)."""
+  if step in mngr.all_steps():
+    return
+  checkpoint.save(mngr, step, state.params, state.opt_state,
+                  dict(meta, step=int(step)), force=force,
+                  teacher=state.teacher)
 
 
 def _injected_fault(config, step: int):
@@ -453,48 +512,87 @@ def _note_removals(config, steps: list[int], is_chief: bool):
         'checkpoint is saved', flush=True)
 
 
-def _missing_evaluations(config, workdir: Workdir, evaluations, step: int,
-                         final: bool) -> tuple[bool, list[str]]:
-  """``(held-out evaluation missing, configured evaluators missing)`` at
-  ``step`` of a resumed run: the ones an uninterrupted run writes at that
-  step (``final``: the last) that ``metrics.jsonl`` does not hold (a kill or
-  a stop came first). Read by process 0 and sent to every process, which
-  all run them (they are collectives)."""
+def _missing_evaluations(workdir: Workdir, evaluations, step: int,
+                         final: bool) -> list[str]:
+  """The evaluators an uninterrupted run writes at ``step`` (``final``: the
+  last) that ``metrics.jsonl`` does not hold (a kill or a stop came first).
+  Read by process 0 and sent to every process, which all run them (they
+  are collectives)."""
   logged = progress.logged_keys(workdir.metrics, step) if (
       jax.process_index() == 0) else set()
-  heldout = (evaluations.heldout_due(step, final)
-             and not any(k.startswith('eval/') for k in logged))
   due = evaluations.due(step, final)
   missing = [not any(k.startswith(name + '/') for k in logged)
              for name in due]
-  if jax.process_count() > 1:
+  if jax.process_count() > 1 and due:
     flags = multihost_utils.broadcast_one_to_all(
-        np.asarray([heldout] + missing, np.int32))
-    heldout, missing = bool(flags[0]), [bool(f) for f in flags[1:]]
-  return heldout, [name for name, m in zip(due, missing) if m]
+        np.asarray(missing, np.int32))
+    missing = [bool(f) for f in flags]
+  return [name for name, m in zip(due, missing) if m]
 
 
-def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
-                        stopper: progress.StopFlag, max_steps: Optional[int],
-                        allow_fresh_start: bool):
+def _final_evaluations(workdir: Workdir, evaluations, state, step: int
+                       ) -> tuple[dict, Optional[dict]]:
+  """The final evaluations a previous run did not write (a re-run of a
+  finished command writes none again; the held-out figures are computed
+  for the summary all the same). Returns the other evaluators' results
+  and the held-out evaluation's (``LoopEvaluations.heldout_info``)."""
+  missing = _missing_evaluations(workdir, evaluations, step, final=True)
+  heldout = evaluations.heldout_names()
+  names = [n for n in evaluations.due(step, True)
+           if n in missing or n in heldout]
+  results = evaluations.run(state, step, True, only=names,
+                            write=set(missing))
+  return ({k: v for k, v in results.items()
+           if k.partition('/')[0] not in heldout},
+          evaluations.heldout_info(results))
+
+
+def _restore(config, objective: Objective, workdir: Workdir,
+             stopper: progress.StopFlag, allow_fresh_start: bool):
+  """The run of ``config`` (``_Run``), its checkpoint manager, the step it
+  starts from and its state (the newest readable checkpoint's, or a fresh
+  one), after the checks that refuse a workdir or config before any work;
+  ``config`` with ``init_from`` applied."""
   resume.check_nothing_set_aside(workdir, allow_fresh_start)
   with errors.config_errors():
     config = hub.prepare_init_from(config, workdir)  # config.init_from, if any
-  is_chief = jax.process_index() == 0
-  resume.check_drift(config, workdir, is_chief)
+  resume.check_drift(config, workdir, jax.process_index() == 0)
   with errors.config_errors():
     run = _build(config, workdir, objective)
   stopper.check('the tokenizer and the data pipeline',
                 resumed=workdir.has_checkpoints)
-  mesh, model, tokenizer, evals = run.mesh, run.model, run.tokenizer, run.evals
   mngr = checkpoint.manager(workdir, config.keep_checkpoints,
                             save_interval_steps=1)
-  _note_removals(config, list(mngr.all_steps()), is_chief)
+  _note_removals(config, list(mngr.all_steps()), jax.process_index() == 0)
   start, state = resume.restore_or_init(
       mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
       run.state_shardings, objective.uses_teacher)
   stopper.check(f'restoring step {start}' if start else 'initialising',
                 resumed=lambda: start > 0)
+  return config, run, mngr, start, state
+
+
+def _announce(config, mesh, workdir: Workdir, start: int, end: int,
+              unavailable: dict[str, str]):
+  """The run's first line (objective, data, devices, steps) and one line
+  per evaluator that will not run (process 0)."""
+  if jax.process_index() != 0:
+    return
+  print(f'prolip_jax: {config.objective} on {config.data.name}, '
+        f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
+        f'batch {config.batch_size}, steps {start} -> {end} of '
+        f'{config.total_steps}, workdir {workdir}', flush=True)
+  for name, reason in unavailable.items():
+    print(f'Evaluator {name} will not run: {reason}', flush=True)
+
+
+def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
+                        stopper: progress.StopFlag, max_steps: Optional[int],
+                        allow_fresh_start: bool):
+  config, run, mngr, start, state = _restore(config, objective, workdir,
+                                             stopper, allow_fresh_start)
+  is_chief = jax.process_index() == 0
+  mesh, model, tokenizer = run.mesh, run.model, run.tokenizer
   train_step = jit_train_step(model, config, run.tx, run.schedule, mesh,
                               tokenizer.mask_id, run.state_shardings,
                               objective)
@@ -502,33 +600,20 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
   writer = wandb_sink.tee(writer, config, workdir, is_chief, start)  # + W&B
-  meta = {'config': json.loads(config.to_json_best_effort()),
-          'model': model.config.to_dict(),
-          **checkpoint.tokenizer_meta(tokenizer)}
+  meta = _checkpoint_meta(config, model, tokenizer)
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
   data_iter = pipeline.iterate_from(run.dataset, start,
                                     config.data.num_workers,
                                     config.data.num_threads)
 
-  def save(step, force=False):
-    if step in mngr.all_steps():
-      return
-    checkpoint.save(mngr, step, state.params, state.opt_state,
-                    dict(meta, step=int(step)), force=force,
-                    teacher=state.teacher)
+  save = lambda step, force=False: _save(mngr, meta, state, step, force)
 
-  evaluations = train_time.LoopEvaluations(
-      objective, model, config, tokenizer, mesh, evals, writer, workdir,
-      is_chief, status=lambda line: progress.status(line, is_chief))
-  unavailable = evaluators.check_available(evals)
-  if is_chief:
-    print(f'prolip_jax: {config.objective} on {config.data.name}, '
-          f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
-          f'batch {config.batch_size}, steps {start} -> {end} of '
-          f'{config.total_steps}, workdir {workdir}', flush=True)
-    for name, reason in unavailable.items():
-      print(f'Evaluator {name} will not run: {reason}', flush=True)
+  evaluations = loop_evals.LoopEvaluations(
+      objective, model, config, tokenizer, mesh, writer, workdir, is_chief,
+      status=lambda line: progress.status(line, is_chief))
+  _announce(config, mesh, workdir, start, end,
+            evaluations.check_available())
   step = start
   last_metrics: dict[str, float] = {}
   t_log, step_log = time.time(), step
@@ -544,22 +629,12 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   failed = True  # until the loop ends without an exception
   try:
     if 0 < start < end:  # evaluations a kill or a stop cut short at start
-      heldout, names = _missing_evaluations(config, workdir, evaluations,
-                                            start, final=False)
-      if heldout and not stopper.stop:
-        report.excluded(evaluations.heldout, state, start)
+      names = _missing_evaluations(workdir, evaluations, start, final=False)
       if names:
-        report.excluded(evaluations.configured, state, start, False,
-                        names, stopped)
+        report.excluded(evaluations.run, state, start, False, names, stopped)
     while step < end and not stopper.stop:
-      try:
-        local_batch = report.data(next, data_iter)
-      except records.BadRecordError:
-        monitor.flush()
-        if jax.process_count() == 1:  # (several: the others are mid-step)
-          save(step, force=True)  # keep the progress; the data needs fixing
-        raise
-      batch = report.data(shd.host_to_global, mesh, local_batch)
+      batch = _next_batch(data_iter, mesh, report, monitor,
+                          lambda: save(step, force=True))
       first = step == start
       if first:
         progress.status('Compiling the train step (the first step '
@@ -569,43 +644,23 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
       step += 1
       report.after_step(step, metrics)
       if first:
-        jax.block_until_ready(metrics['loss'])
-        progress.status(f'Compiled and ran step {step} in '
-                        f'{progress.fmt_time(time.time() - t_start)}',
-                        is_chief)
-        report.start_interval(step)  # compiling is no step
+        _compiled(step, metrics, t_start, report)
       monitor.add(step, metrics['nonfinite'])
       if step % config.log_every_steps == 0 or step == end:
-        metrics = jax.device_get(metrics)
-        now = time.time()
-        rate = (step - step_log) * config.batch_size / max(now - t_log,
-                                                           1e-9)
         monitor.flush()
-        last_metrics = _metrics_row(metrics, rate, monitor.total,
-                                    run.source)
-        last_metrics.update(report.end_interval(step))
-        writer.write(step, last_metrics)
-        if is_chief:
-          print(progress.progress_line(
-              step, config.total_steps, last_metrics,
-              (end - step) * config.batch_size / max(rate, 1e-9),
-              now - t_start), flush=True)
+        last_metrics = _log_row(config, step, end, metrics, monitor.total,
+                                run.source, report, writer,
+                                (t_log, step_log, t_start))
         t_log, step_log = time.time(), step
         report.start_interval(step)
       elif first:  # samples/s and the ETA count from here, not compiling
         t_log, step_log = time.time(), step
-      if step % config.checkpoint_every_steps == 0:
-        monitor.flush()
-        if not monitor.consecutive:  # mid-streak the state is not new
-          report.excluded(save, step)
+      if step % config.checkpoint_every_steps == 0 and monitor.flushed_ok():
+        report.excluded(save, step)
       # A stop leaves the step's evaluations to the resumed run (missing
       # from metrics.jsonl at the step it restarts from).
-      if (evaluations.heldout_due(step, final=False) and step != end
-          and not stopper.stop):
-        report.excluded(evaluations.heldout, state, step)
       if step != end:
-        report.excluded(evaluations.configured, state, step, False, None,
-                        stopped)
+        report.excluded(evaluations.run, state, step, False, None, stopped)
       _injected_fault(config, step)
       stopper.at_step(step)  # every host stops after the same step
     monitor.flush()
@@ -622,30 +677,29 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   mngr.close()
   if step == start < end:  # stopped before its first step: nothing new
     stopper.check('compiling', resumed=lambda: start > 0)
-  stopped_at = stopper.stop  # stopped before the end: no final evaluation
-  eval_results: dict[str, float] = {}
-  evals_results: dict[str, float] = {}
-  if not stopped_at:
-    # The final evaluations a previous run did not write (a re-run of a
-    # finished command writes none again; the held-out numbers are
-    # computed for the summary all the same). A signal now changes nothing:
-    # a stop cut short here leaves them missing for the next run.
-    heldout, names = _missing_evaluations(config, workdir, evaluations, step,
-                                          final=True)
-    eval_results = evaluations.heldout(state, step, write=heldout,
-                                       announce=False)  # in the summary
-    if names:
-      evals_results = evaluations.configured(state, step, True, names)
+  evals_results, heldout = {}, None
+  if not stopper.stop:  # stopped before the end: no final evaluation
+    # A signal now changes nothing: a stop cut short here leaves the final
+    # evaluations missing for the next run.
+    evals_results, heldout = _final_evaluations(workdir, evaluations, state,
+                                                step)
   writer.close()
+  return _summary(config, workdir, step, stopper, last_metrics, heldout,
+                  evals_results)
+
+
+def _summary(config, workdir: Workdir, step: int, stopper, last_metrics,
+             heldout: Optional[dict], evals_results: dict) -> dict:
+  """What ``train_and_evaluate`` returns, printed by process 0
+  (``report.format_summary``)."""
+  stopped_at = stopper.stop
   summary = {'step': step, 'checkpoint': str(workdir.checkpoint(step)),
-             'eval': eval_results, 'train': last_metrics,
-             'preempted': stopped_at,
+             'eval': heldout['metrics'] if heldout else {},
+             'train': last_metrics, 'preempted': stopped_at,
              'interrupted': stopped_at and stopper.interrupted,
              'workdir': str(workdir), 'batch_size': config.batch_size,
-             'total_steps': config.total_steps,
-             'heldout': train_time.heldout_info(config) if eval_results
-                        else None,
+             'total_steps': config.total_steps, 'heldout': heldout,
              'evals': evals_results}
-  if is_chief:
+  if jax.process_index() == 0:
     print(eval_report.format_summary(summary), flush=True)
   return summary

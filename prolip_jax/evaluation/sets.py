@@ -32,6 +32,7 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence
 
+import ml_collections
 import numpy as np
 
 from prolip_jax import errors
@@ -39,10 +40,12 @@ from prolip_jax.storage import paths
 from prolip_jax.data import eval_data
 from prolip_jax.data import record_format
 from prolip_jax.data import record_sources
-from prolip_jax.evaluation import data as bundled
-from prolip_jax.evaluation.sharded import ImageSet
+from prolip_jax.evaluation import bundled
+from prolip_jax.evaluation.encoders import ImageSet
 
 SCHEMES = ('tfds', 'folder', 'jsonl', 'array_record', 'digits', 'emoji')
+# The sets that ship with the package (held in memory: ``bundled.EvalData``).
+BUNDLED = ('digits', 'emoji')
 
 # TFDS retrieval sets: name -> (image feature, caption feature, default split).
 TFDS_RETRIEVAL = {'coco_captions': ('image', 'captions/text', 'test')}
@@ -138,8 +141,8 @@ def zero_shot_set(cfg) -> ZeroShotSet:
         ImageSet(ds.name, len(ds), lambda i: (ds.images[i],
                                               int(ds.labels[i]))),
         ds.class_names, ds.templates)
-  if scheme in ('digits', 'emoji'):
-    data = _bundled(scheme, rest)
+  if scheme in BUNDLED:
+    data = bundled_data(cfg)
     return ZeroShotSet(
         ImageSet(data.name, len(data.images),
                  lambda i: (data.images[i], int(data.labels[i]))),
@@ -214,8 +217,8 @@ def retrieval_set(cfg) -> RetrievalSet:
         ImageSet(os.path.basename(rest), len(ds),
                  lambda i: (ds.images[i], -1)),
         list(ds.captions), ds.image_of_text)
-  if scheme in ('digits', 'emoji'):
-    data = _bundled(scheme, rest)
+  if scheme in BUNDLED:
+    data = bundled_data(cfg)
     captions, owner = [], []
     for i, caps in enumerate(data.captions):
       captions += caps
@@ -228,10 +231,19 @@ def retrieval_set(cfg) -> RetrievalSet:
                            'digits, emoji)')
 
 
-def _bundled(scheme: str, split: str) -> bundled.EvalData:
-  split = split or 'heldout'
-  return (bundled.digits_data(split) if scheme == 'digits'
-          else bundled.emoji_data(split))
+def bundled_data(cfg) -> bundled.EvalData:
+  """The bundled set of an entry whose ``data`` is ``digits[:SPLIT]`` or
+  ``emoji[:SPLIT]`` (default split ``heldout``), with its ``per_class``
+  (digits), ``render_size`` (emoji) and ``phrasings``."""
+  scheme, split = parse(cfg.data)
+  if scheme not in BUNDLED:
+    raise errors.ConfigError(f'{cfg.data}: this evaluator reads the bundled '
+                             f'sets only ({", ".join(BUNDLED)})')
+  return bundled.load_data(ml_collections.ConfigDict({
+      'dataset': scheme, 'split': split or 'heldout',
+      'per_class': cfg.get('per_class', 0),
+      'render_size': cfg.get('render_size', 64),
+      'phrasings': cfg.get('phrasings', 'templates')}))
 
 
 def available(cfg) -> Optional[str]:
