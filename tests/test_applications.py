@@ -378,7 +378,7 @@ def test_sharded_scoring_matches_unsharded_and_embeddings(tmp_path):
   fig = filtering.fig_scores(plain, float(np.median(plain)),
                              np.arange(len(plain)) % 2 == 0)
   assert len(fig.axes) == 1
-  from prolip_jax import uncertainty  # pylint: disable=g-import-not-at-top
+  from prolip_jax.evaluation import uncertainty  # pylint: disable=g-import-not-at-top
   out = uncertainty.save_figure(fig, str(tmp_path / 'f.png'))
   with Image.open(out) as im:
     assert im.size[0] > 0

@@ -10,19 +10,24 @@ import os
 import re
 import sys
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
 
 from prolip_jax import objectives
+from prolip_jax import sharding
 from prolip_jax.config import presets
 from prolip_jax.data import digits
 from prolip_jax.data import emoji
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
-from prolip_jax.evaluation import data as eval_data
+from prolip_jax.embedding import normalize_images
+from prolip_jax.evaluation import bundled
+from prolip_jax.evaluation import encoders as encoders_lib
+from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import report
-from prolip_jax.evaluation import train_time
+from prolip_jax.training import loop_evals
 from prolip_jax.training import train
 
 # The untrimmed emoji-test.txt v17.0 (not shipped: Unicode's file, also inside
@@ -254,8 +259,39 @@ def test_grain_pipeline_reads_the_emoji_source(tmp_path):
   assert all(tokenizer.sp.decode(i) in every for i in ids)
 
 
-def test_eval_data_and_train_time_heldout():
-  data = eval_data.load_data(ml_collections.ConfigDict({'dataset': 'emoji'}))
+MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+
+
+def _never(params):
+  raise AssertionError('nothing is embedded here')
+
+
+def _encoders(encoders, tokenizer=None, train_data: str = 'emoji',
+              image_size: int = 32) -> encoders_lib.Encoders:
+  """``Encoders`` over made-up encoder functions, on all the devices."""
+  return encoders_lib.Encoders(
+      encoders, tokenizer, image_size=image_size, mean=MEAN, std=STD,
+      image_view='default', image_order='rgb_first',
+      mesh=sharding.make_mesh({'data': -1, 'fsdp': 1}), probabilistic=False,
+      num_patches=4, train_data=train_data)
+
+
+def _loop_evaluations(monkeypatch, encoders) -> loop_evals.LoopEvaluations:
+  """The training loop's evaluations of the demos' ``config.evals`` (the
+  held-out one) on ``encoders``."""
+  monkeypatch.setattr(loop_evals.encoders_lib, 'from_training',
+                      lambda *args: encoders)
+  config = ml_collections.ConfigDict({
+      'data': {'name': encoders.train_data},
+      'evals': presets.heldout_evals()})
+  evaluations = loop_evals.LoopEvaluations(
+      None, None, config, None, None, None, '', False, status=print)
+  evaluations.check_available()
+  return evaluations
+
+
+def test_eval_data_and_train_time_heldout(monkeypatch):
+  data = bundled.load_data(ml_collections.ConfigDict({'dataset': 'emoji'}))
   items = emoji.split('heldout')
   assert data.images.shape == (len(items), 64, 64, 3)
   np.testing.assert_array_equal(data.labels, np.arange(len(items)))
@@ -266,12 +302,24 @@ def test_eval_data_and_train_time_heldout():
   assert tuple(data.captions[0][1:4]) == (
       emoji.group_caption(items[0].group),
       emoji.subgroup_caption(items[0].subgroup), emoji.class_name(items[0]))
-  config = ml_collections.ConfigDict({'data': {'name': 'emoji'},
-                                      'eval': {'batch_size': 128}})
-  assert train_time.heldout_info(config) == {'dataset': 'emoji',
-                                             'images': len(items)}
-  config.data.name = 'tfds'
-  assert train_time.heldout_info(config) is None
+  # The held-out evaluation follows the training data: the held-out emoji.
+  heldout = evaluator.kind_class('heldout')(_encoders(_never), 'eval')
+  assert heldout.cfg.data == 'emoji:heldout'
+  assert heldout.available() is None
+  evaluations = _loop_evaluations(monkeypatch, _encoders(_never))
+  assert evaluations.heldout_names() == ['eval']
+  results = {'eval/zeroshot_csd_top1': 0.5, 'other/top1': 0.25}
+  assert evaluations.heldout_info(results) == {
+      'dataset': 'emoji', 'images': len(items),
+      'metrics': {'zeroshot_csd_top1': 0.5}}
+  assert evaluations.heldout_info({'other/top1': 0.25}) is None
+  # Other training data have no held-out part: the evaluation does not run.
+  evaluations = _loop_evaluations(monkeypatch,
+                                  _encoders(_never, train_data='tfds'))
+  assert set(evaluations.unavailable) == {'eval'}
+  assert 'no held-out part' in evaluations.unavailable['eval']
+  assert evaluations.heldout_names() == []
+  assert evaluations.due(10, final=True) == []
   summary = {'step': 1, 'checkpoint': 'c', 'eval': {'zeroshot_csd_top1': 0.5},
              'heldout': {'dataset': 'emoji', 'images': len(items)}}
   assert (f'Held-out emoji ({len(items)} images whose names were never '
@@ -292,24 +340,29 @@ def test_train_time_heldout_scores_the_right_pairs():
              for t in emoji.EVAL_TEMPLATES}
   text_id = {cap: i for i, cap in enumerate(caps)}
   text_id.update(prompts)
-  basis = np.eye(n, dtype=np.float32)
   eval_views = pipeline.eval_images(images, 32)
   view_id = {eval_views[i].tobytes(): i for i in range(n)}
   assert len(view_id) > 0.95 * n  # (a few shared artworks)
+  # Image i embeds as the i-th basis vector: the first image whose eval
+  # view it is (run jitted, on the normalised views the encoders get).
+  views = np.asarray(normalize_images(eval_views, MEAN, STD), np.float32)
+  views = views.reshape(n, -1)
 
-  def enc_img(x):
-    return basis[[view_id[v.tobytes()] for v in np.asarray(x)]], None
+  def enc_img(x, keep):
+    del keep
+    x = x.reshape(x.shape[0], 1, -1)
+    first = ((x - views[None]) ** 2).sum(-1).argmin(-1)
+    return jax.nn.one_hot(first, n, dtype=np.float32), None
 
   def enc_txt(tokens):
-    return basis[np.asarray(tokens)[:, 0]], None
+    return jax.nn.one_hot(tokens[:, 0], n, dtype=np.float32), None
 
   def tokenizer(texts):
     return np.array([[text_id[t]] for t in texts])
 
-  config = ml_collections.ConfigDict({'data': {'name': 'emoji'},
-                                      'eval': {'batch_size': 64}})
-  out = train_time.zero_shot_heldout((enc_img, enc_txt), tokenizer, config,
-                                     32)
+  encoders = _encoders(lambda params: (enc_img, enc_txt), tokenizer)
+  heldout = evaluator.kind_class('heldout')(encoders, 'eval', batch_size=64)
+  out = heldout.run({}, log=lambda line: None).metrics
   # Right for every image but the shadowed copies of shared artwork.
   assert out['zeroshot_cosine_top1'] == pytest.approx(len(view_id) / n)
   assert out['i2t_R@1'] == pytest.approx(len(view_id) / n)
@@ -325,7 +378,8 @@ def test_training_loop_on_emoji_reports_the_heldout_emoji(tmp_path, capfd):
   c.data.name = 'emoji'
   summary = train.train_and_evaluate(c, str(tmp_path))
   n = len(emoji.split('heldout'))
-  assert summary['heldout'] == {'dataset': 'emoji', 'images': n}
+  assert summary['heldout'] == {'dataset': 'emoji', 'images': n,
+                                'metrics': summary['eval']}
   assert {'zeroshot_csd_top1', 'i2t_R@1', 'sigma2_captions'} <= set(
       summary['eval'])
   out = capfd.readouterr().out
@@ -359,6 +413,6 @@ def test_digits_fit_and_val_partition_train():
   val, _ = sources.train_source(config)
   assert len(val) == 400
   np.testing.assert_array_equal(val[0]['image'][..., 0], val_x[0])
-  data = eval_data.load_data(ml_collections.ConfigDict(
+  data = bundled.load_data(ml_collections.ConfigDict(
       {'dataset': 'digits', 'split': 'val'}))
   assert len(data.images) == 400 and data.name == 'digits-val'

@@ -23,7 +23,7 @@ import pytest
 
 from prolip_jax import errors
 from prolip_jax.config import presets
-from prolip_jax.evaluation import train_time
+from prolip_jax.evaluation import evaluator
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import train
 
@@ -615,7 +615,7 @@ def test_drift_scenario_from_the_command_line_keeps_the_checkpoints(tmp_path):
   # A status line before each slow phase, in the order they happen.
   order = ['Training a sentencepiece tokenizer on ', 'prolip_jax: prolip on',
            'Compiling the train step', 'Compiled and ran step 1 in',
-           '[5/20]', 'Evaluating on the held-out digits set (step 20)',
+           '[5/20]', 'Evaluator eval at step 20',
            'Finished at step 20']
   positions = [out.find(text) for text in order]
   assert -1 not in positions and positions == sorted(positions), out
@@ -849,8 +849,12 @@ def test_lowering_keep_checkpoints_says_what_it_deletes_and_keeps_the_newest(
 
 
 def _with_evaluator(cfg, every_steps):
-  cfg.evals = {'zs': {'kind': 'zero_shot', 'data': 'digits:heldout',
-                      'every_steps': every_steps, 'batch_size': 250}}
+  """``cfg`` with a zero-shot evaluator next to its held-out one."""
+  evals = cfg.evals.to_dict()
+  assert set(evals) == {'eval'}  # the held-out evaluation
+  evals['zs'] = {'kind': 'zero_shot', 'data': 'digits:heldout',
+                 'every_steps': every_steps, 'batch_size': 250}
+  cfg.evals = evals
   return cfg
 
 
@@ -861,20 +865,27 @@ def _steps_with(rows, prefix):
 @pytest.mark.slow
 def test_an_evaluation_cut_short_runs_again_on_resume(tmp_path, monkeypatch,
                                                       capfd):
-  """A kill during the evaluations of step 4, after its checkpoint: the
-  resumed run (from step 4) runs them first; every row appears once."""
+  """A kill during the evaluations of step 4, after its checkpoint (the
+  held-out one done, the zero-shot one under way): the resumed run (from
+  step 4) runs them first; every row appears once."""
   cfg = _with_evaluator(micro_config(total_steps=8, checkpoint_every_steps=4,
                                      log_every_steps=2), every_steps=4)
-  cfg.eval.every_steps = 4
-  real = train_time.LoopEvaluations.configured
+  cfg.evals.eval.every_steps = 4
+  ran = []
+  real_run = evaluator.Evaluator.run
 
-  def killed_at_4(self, state, step, *args, **kwargs):
-    if step == 4:
-      raise RuntimeError('killed mid-evaluation')
-    return real(self, state, step, *args, **kwargs)
-  monkeypatch.setattr(train_time.LoopEvaluations, 'configured', killed_at_4)
+  def run(self, *args, **kwargs):
+    ran.append(self.name)
+    return real_run(self, *args, **kwargs)
+
+  def killed(self, params):
+    del self, params
+    raise RuntimeError('killed mid-evaluation')
+  monkeypatch.setattr(evaluator.Evaluator, 'run', run)
+  monkeypatch.setattr(evaluator.kind_class('zero_shot'), 'evaluate', killed)
   with pytest.raises(RuntimeError, match='killed mid-evaluation'):
     train.train_and_evaluate(cfg, str(tmp_path))
+  assert ran == ['eval', 'zs']  # the held-out one done, then the kill
   assert checkpoint.latest_step(str(tmp_path)) == 4
   assert _steps_with(_rows(tmp_path), 'zs/') == []
   monkeypatch.undo()

@@ -255,7 +255,7 @@ def test_main_runs_pcclip_tiny(tmp_path):
          f'--config={REPO}/configs/pcclip_tiny.py',
          f'--workdir={tmp_path}', '--config.total_steps=2',
          '--config.batch_size=16', '--config.log_every_steps=1',
-         '--config.eval.every_steps=0']
+         '--config.evals.eval.every_steps=0']
   out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True,
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from prolip_jax import plotting
-from prolip_jax import uncertainty as U
 from prolip_jax.applications import bprw
 from prolip_jax.applications import filtering
 from prolip_jax.applications import traversal
+from prolip_jax.evaluation import uncertainty as U
 
 matplotlib = pytest.importorskip('matplotlib')
 

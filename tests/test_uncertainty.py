@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from prolip_jax import uncertainty as U
+from prolip_jax.evaluation import uncertainty as U
 
 
 def _png_ok(path):
