@@ -16,7 +16,7 @@ line per row.
 
 SO400M/14 is SigLIP's shape-optimised ViT (width 1152, 27 layers, 16 heads,
 MLP 4304) with a text tower of the same shape, as in the ProLIP release's
-SO400M model; there is no preset for it, so its shape is written here.
+SO400M model (``presets.model_preset('SO400M/14')``).
 """
 
 import json

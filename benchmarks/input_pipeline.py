@@ -112,6 +112,64 @@ def _rate(fn, n: int, seconds: float, repeats: int = 3) -> float:
   return best
 
 
+def _print_stage_rates(stage, n: int, seconds: float):
+  """Prints each stage's images/s on one thread (``_rate`` of
+  ``stage[name](i)`` over ``seconds``) and the rate of all of them in
+  turn."""
+  inv = 0.0
+  for name, fn in stage.items():
+    r = _rate(fn, n, seconds)
+    inv += 1 / r
+    print(f'  {name:40s} {r:9.0f}')
+  print(f'  {"sum of stages":40s} {1 / inv:9.0f}')
+
+
+def _time_pipeline(dataset, n: int, args) -> dict[str, float]:
+  """Images/s of the full pipeline (``dataset()``: a fresh dataset and its
+  ``CheckedSource``): ``ds[step]`` on one thread (``'one_thread'``) and
+  ``pipeline.iterate_from`` with each ``--workers`` count
+  (``'workers=N'``); prints each and checks that no record was bad."""
+  from prolip_jax.data import pipeline
+  ds, src = dataset()
+  steps = n // args.batch
+  one = _rate(lambda i: ds[i], steps, args.seconds) * args.batch
+  print(f'Full pipeline, one thread, ds[step] (batch {args.batch}): '
+        f'{one:.0f} images/s')
+  rates = {'one_thread': one}
+  for workers in [int(w) for w in args.workers.split(',') if w]:
+    ds, src = dataset()
+    threads = 2 if workers == 0 else 1
+    it = pipeline.iterate_from(ds, 0, num_workers=workers,
+                               num_threads=threads, prefetch=4)
+    for _ in range(2 + 2 * workers):  # start-up: spawn, first batches
+      next(it)
+    rate = _rate(lambda _: next(it), 1, args.seconds) * args.batch
+    del it
+    label = (f'iterate_from, {workers} worker processes x 1 thread'
+             if workers else 'iterate_from, in-process, 2 threads')
+    per = f', {rate / workers:.0f} per worker' if workers else ''
+    print(f'{label}: {rate:.0f} images/s{per}')
+    rates[f'workers={workers}'] = rate
+    stats = src.stats()
+    assert stats['bad'] == 0, stats
+  return rates
+
+
+def _print_cores_per_gpu(results: dict[str, dict[str, float]]):
+  """Prints, per set-up, how many host cores at its one-thread rate feed a
+  B/16 step at 50% MFU on one H100, and the last set-up's speed-up."""
+  need = H100_B16_PAIRS_PER_S
+  print(f'\nA B/16 step at 50% MFU on one H100 consumes ~{need} pairs/s '
+        f'(perf notes budget: 16 host cores per GPU, {need / 16:.0f} '
+        'images/s each):')
+  for variant, r in results.items():
+    one = r['one_thread']
+    print(f'  {variant}: {one:.0f} images/s per core -> {need / one:.1f} '
+          'cores per GPU')
+  rates = [r['one_thread'] for r in results.values()]
+  print(f'  speed-up per core, last vs first: {rates[-1] / rates[0]:.2f}x')
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--images', type=int, default=512)
@@ -174,12 +232,7 @@ def main(argv=None):
     }
     print(f'\n== {variant}\nPer stage, one thread (images/s, best of 3 '
           'windows):')
-    inv = 0.0
-    for name, fn in stage.items():
-      r = _rate(fn, n, args.seconds / 4)
-      inv += 1 / r
-      print(f'  {name:40s} {r:9.0f}')
-    print(f'  {"sum of stages":40s} {1 / inv:9.0f}')
+    _print_stage_rates(stage, n, args.seconds / 4)
 
     def dataset(pixels=pixels, aug=aug):
       src = bad_records.CheckedSource(
@@ -188,39 +241,9 @@ def main(argv=None):
           src, tokenizer=tok, image_size=args.size,
           global_batch_size=args.batch, seed=0, augment=aug), src
 
-    ds, src = dataset()
-    steps = n // args.batch
-    one = _rate(lambda i: ds[i], steps, args.seconds) * args.batch
-    print(f'Full pipeline, one thread, ds[step] (batch {args.batch}): '
-          f'{one:.0f} images/s')
-    results[variant] = {'one_thread': one}
-    for workers in [int(w) for w in args.workers.split(',') if w]:
-      ds, src = dataset()
-      threads = 2 if workers == 0 else 1
-      it = pipeline.iterate_from(ds, 0, num_workers=workers,
-                                 num_threads=threads, prefetch=4)
-      for _ in range(2 + 2 * workers):  # start-up: spawn, first batches
-        next(it)
-      rate = _rate(lambda _: next(it), 1, args.seconds) * args.batch
-      del it
-      label = (f'iterate_from, {workers} worker processes x 1 thread'
-               if workers else 'iterate_from, in-process, 2 threads')
-      per = f', {rate / workers:.0f} per worker' if workers else ''
-      print(f'{label}: {rate:.0f} images/s{per}')
-      results[variant][f'workers={workers}'] = rate
-      stats = src.stats()
-      assert stats['bad'] == 0, stats
+    results[variant] = _time_pipeline(dataset, n, args)
 
-  need = H100_B16_PAIRS_PER_S
-  print(f'\nA B/16 step at 50% MFU on one H100 consumes ~{need} pairs/s '
-        f'(perf notes budget: 16 host cores per GPU, {need / 16:.0f} '
-        'images/s each):')
-  for variant, r in results.items():
-    one = r['one_thread']
-    print(f'  {variant}: {one:.0f} images/s per core -> {need / one:.1f} '
-          'cores per GPU')
-  rates = [r['one_thread'] for r in results.values()]
-  print(f'  speed-up per core, last vs first: {rates[-1] / rates[0]:.2f}x')
+  _print_cores_per_gpu(results)
   return results
 
 

@@ -4,7 +4,8 @@ python -m prolip_jax.main --config configs/prolip_b16.py --workdir DIR \
     --config.data.path='/data/datacomp/*.array_record' \
     --config.tokenizer.model_path=/data/siglip_32k.model
 
-Every value below is mapped to its paper section in the README.
+Every value below is mapped to its paper section in docs/training.md
+("Training ViT-B/16 on accelerators").
 """
 
 from prolip_jax.config import presets
@@ -49,7 +50,7 @@ def get_config():
   c.data.jitter_prob = 0.8
   c.data.grayscale_prob = 0.2
   # Same augmentation, colour part on the accelerator: the host workers only
-  # decode (at reduced JPEG scale) and crop (README, Performance).
+  # decode (at reduced JPEG scale) and crop (docs/performance.md).
   c.data.color_on_device = True
   c.data.num_workers = 16
   c.log_every_steps = 50

@@ -81,8 +81,6 @@ def test_difference_text_generator():
     assert i != j
     assert text == pairs.difference_text(attrs[i], attrs[j])
   assert list(pairs.iter_difference_pairs([a, dict(a)], max_tries=5)) == []
-  assert pairs.attribute_prompts()['thickness'] == (
-      'the first is drawn with thicker strokes')
 
 
 def test_records_carry_the_schema_attributes(source):
@@ -110,8 +108,9 @@ def test_pair_data_deterministic_by_step_and_true(source, tokenizer):
     np.testing.assert_array_equal(again[k], batch[k])
     np.testing.assert_array_equal(resumed[k], batch[k])
   # Another seed, other pairs.
-  assert not np.array_equal(_pair_ds(source, tokenizer, seed=1)[7]['pair_tokens'],
-                            batch['pair_tokens'])
+  assert not np.array_equal(
+      _pair_ds(source, tokenizer, seed=1)[7]['pair_tokens'],
+      batch['pair_tokens'])
   attrs = pairs.record_attributes(source)
   texts = set()
   for row in range(8):

@@ -1,6 +1,7 @@
 """Exports a training checkpoint in the ProLIP release / open_clip format.
 
-python tools/export_pytorch.py --workdir DIR [--step N] --out OUT [--hub_compatible]
+python tools/export_pytorch.py --workdir DIR [--step N] --out OUT \
+    [--hub_compatible]
 
 Writes ``OUT/model.safetensors`` (fp32 state dict, see
 ``prolip_jax/interop/convert/keys.py`` for the keys), ``OUT/config.json`` (the
@@ -75,38 +76,26 @@ def export(workdir: str, out: str, step: Optional[int] = None,
   to ``out``; returns the config.json dict. An ``out`` holding anything that
   is not an export of ours is refused (``UserError``) before anything is
   written."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file
+  from prolip_jax.models.prolip import ModelConfig
+  # pylint: enable=g-import-not-at-top
 
   params, meta = checkpoint.load_params(workdir, step)
   run_cfg = meta.get('config') or {}
   objective = run_cfg.get('objective', 'prolip')
   if not objectives.get(objective).exportable:
+    not_towers = sorted(
+        set(params) - {'visual', 'text', 'logit_scale', 'logit_bias'})
     raise errors.ConfigError(
         f'a {objective!r} checkpoint scores through parameters the PyTorch '
         f'/ open_clip layout has no place for '
-        f'({sorted(set(params) - {"visual", "text", "logit_scale", "logit_bias"})}'
+        f'({not_towers}'
         '); exporting the towers alone would give a model that scores '
         'differently. Use prolip_jax.load(workdir) in JAX instead.')
   model_cfg = ModelConfig.from_config(meta['model'])
   state_dict = convert.params_to_state_dict(params, model_cfg)
-  extra: dict[str, Any] = {'step': meta.get('step')}
-  data = run_cfg.get('data') or {}
-  for k in ('mean', 'std'):
-    if k in data:
-      extra[k] = list(data[k])
-  if data.get('eval_view', 'default') != 'default':
-    extra['image_view'] = data['eval_view']
-  if data.get('eval_image_order', 'rgb_first') != 'rgb_first':
-    extra['image_order'] = data['eval_image_order']
-  tok_cfg = run_cfg.get('tokenizer') or {}
-  mask_id = tok_cfg.get('mask_id', -1)
-  if mask_id is not None and mask_id >= 0:
-    extra['mask_id'] = mask_id
-  if tok_cfg.get('clean', 'none') != 'none':
-    extra['clean'] = tok_cfg['clean']
-  if tok_cfg.get('keep_eos', False):
-    extra['keep_eos'] = True
+  extra = _run_settings(meta, run_cfg)
   wd = Workdir(workdir)
   tok_name = checkpoint.TOKENIZER_FILE
   checkpoint.check_tokenizer(
@@ -171,6 +160,32 @@ def export(workdir: str, out: str, step: Optional[int] = None,
     _check_out(dest)  # again, just before the swap deletes the old files
     atomic.replace_dir(tmp, os.fspath(dest))
   return cfg_json
+
+
+def _run_settings(meta: dict[str, Any], run_cfg: dict[str, Any]
+                  ) -> dict[str, Any]:
+  """What config.json's ``prolip_jax`` key records of the run beside the
+  model: the step, the eval image transform (normalisation, view and
+  channel order where not the default) and the tokenizer's settings
+  (``mask_id``, ``clean``, ``keep_eos`` where set)."""
+  extra: dict[str, Any] = {'step': meta.get('step')}
+  data = run_cfg.get('data') or {}
+  for k in ('mean', 'std'):
+    if k in data:
+      extra[k] = list(data[k])
+  if data.get('eval_view', 'default') != 'default':
+    extra['image_view'] = data['eval_view']
+  if data.get('eval_image_order', 'rgb_first') != 'rgb_first':
+    extra['image_order'] = data['eval_image_order']
+  tok_cfg = run_cfg.get('tokenizer') or {}
+  mask_id = tok_cfg.get('mask_id', -1)
+  if mask_id is not None and mask_id >= 0:
+    extra['mask_id'] = mask_id
+  if tok_cfg.get('clean', 'none') != 'none':
+    extra['clean'] = tok_cfg['clean']
+  if tok_cfg.get('keep_eos', False):
+    extra['keep_eos'] = True
+  return extra
 
 
 def _check_out(out: paths.Path) -> list[str]:

@@ -19,7 +19,6 @@ from prolip_jax.training import mfu
 
 _SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                          'specs')
-_TPU_GENERATIONS = ('v4', 'v5p', 'v5e', 'v6e')
 # Cloud's slice names -> chip grids (v4/v5p count TensorCores: 2 per chip).
 _CLOUD_3D = {8: '2x2x1', 16: '2x2x2', 32: '2x2x4', 64: '2x4x4', 128: '4x4x4',
              256: '4x4x8', 512: '4x8x8', 1024: '8x8x8', 2048: '8x8x16',

@@ -108,7 +108,10 @@ def _jitted_scorer(config_json: str, mean: tuple, std: tuple, w_img: float,
                    w_txt: float, mesh):
   """One compiled scorer per (model architecture, weights, mesh): repeated
   ``score_records`` calls reuse it."""
-  from prolip_jax.models import ModelConfig, ProLIP  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import ModelConfig
+  from prolip_jax.models import ProLIP
+  # pylint: enable=g-import-not-at-top
   net = ProLIP(ModelConfig.from_config(json.loads(config_json)))
   mean_a = jnp.asarray(mean, jnp.float32)
   std_a = jnp.asarray(std, jnp.float32)
@@ -225,21 +228,9 @@ def score_records(model, records: Sequence[dict], batch_size: int = 256,
                 else np.zeros((0,), np.float32))
 
 
-def filter_records(model, records: Sequence[dict], keep_fraction: float,
-                   out_path: Optional[str] = None, **score_kw
-                   ) -> tuple[list[str], list[str], np.ndarray]:
-  """Single-host convenience: score every record, keep the best
-  ``keep_fraction``, optionally write the kept keys. Returns (kept keys, all
-  keys, scores)."""
-  keys, scores = score_records(model, records, **score_kw)
-  kept = select(keys, scores, keep_fraction)
-  if out_path:
-    write_keys(out_path, kept)
-  return kept, keys, scores
-
-
 @plotting.styled
-def fig_scores(scores, threshold: float, corrupted: Optional[np.ndarray] = None):
+def fig_scores(scores, threshold: float,
+               corrupted: Optional[np.ndarray] = None):
   """Histogram of pair scores with the keep threshold (1 axis); with
   ``corrupted`` (bool per record) clean and corrupted pairs are drawn
   separately."""

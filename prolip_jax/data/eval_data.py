@@ -8,18 +8,18 @@ templates of OpenAI CLIP's ImageNet prompt-engineering notebook;
 'wnids'}`` (``wnids``: the synset folder names of an ImageNet folder, in
 label order).
 
-``ZeroShotDataset`` = images + labels + class names + templates, from TFDS
-(``zero_shot_tfds('imagenet2012' | 'cifar10' | 'cifar100')``, needs
-``pip install tensorflow-datasets`` and the prepared data) or from an image
-folder with one subfolder per class (``zero_shot_folder``).
+``ZeroShotDataset`` = images + labels + class names + templates, from an
+image folder with one subfolder per class (``zero_shot_folder``).
+``TFDS_DATASETS`` names the TFDS sets whose class names and templates are
+bundled.
 
 ``RetrievalDataset`` = images with several captions each, from array_record
 shards (records sharing a ``key`` are one image's captions) or from an image
 folder + JSONL (``{"image": "rel/path.jpg", "captions": [...]}``).
 
-Images stay encoded (bytes, file paths or TFDS's arrays) until ``batches``
-decodes them with the eval transform (shorter side to ``image_size``,
-centre crop), so a 50k-image set is not held decoded in memory.
+Images stay encoded (bytes or file paths) until ``batches`` decodes them
+with the eval transform (shorter side to ``image_size``, centre crop), so a
+50k-image set is not held decoded in memory.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class ZeroShotDataset:
   """A zero-shot classification set.
 
   ``images[i]`` is a file path, encoded bytes or an HxWx3 array (any random
-  access sequence, e.g. a lazy TFDS view); ``labels[i]`` indexes
+  access sequence); ``labels[i]`` indexes
   ``class_names``; prompts are ``template.format(class_name)``.
   """
   images: Sequence[Any]
@@ -141,47 +141,8 @@ class ZeroShotDataset:
       yield imgs, self.labels[sl]
 
 
-class _FieldView:
-  """``view[i] = source[i][field]``, lazily."""
-
-  def __init__(self, source, field: str):
-    self.source, self.field = source, field
-
-  def __len__(self):
-    return len(self.source)
-
-  def __getitem__(self, i):
-    return self.source[int(i)][self.field]
-
-
-def zero_shot_tfds(name: str, split: Optional[str] = None,
-                   data_dir: Optional[str] = None, image_key: str = 'image',
-                   label_key: str = 'label',
-                   class_names: Optional[Sequence[str]] = None,
-                   templates: Optional[Sequence[str]] = None
-                   ) -> ZeroShotDataset:
-  """A TFDS classification set (``imagenet2012``, ``cifar10``, ``cifar100``,
-  ...) with the bundled CLIP class names and templates.
-
-  Labels are read up front (one pass over the records, images left
-  encoded); images are read again lazily when batched.
-  """
-  asset, default_split = TFDS_DATASETS.get(name, (None, 'test'))
-  if asset is None and (class_names is None or templates is None):
-    raise ValueError(f'no bundled metadata for TFDS {name!r}: pass '
-                     f'class_names and templates (bundled: '
-                     f'{sorted(TFDS_DATASETS)})')
-  meta = metadata(asset) if asset else {}
-  ds = record_sources.open_tfds(name, split or default_split, data_dir,
-                                image_key)
-  labels = np.array([int(ds[i][label_key]) for i in range(len(ds))], np.int32)
-  return ZeroShotDataset(
-      _FieldView(ds, image_key), labels,
-      tuple(class_names or meta['classes']),
-      tuple(templates or meta['templates']), name=f'{name}/{split or default_split}')
-
-
-def zero_shot_folder(root: str, templates: Sequence[str] = ('a photo of a {}.',),
+def zero_shot_folder(root: str,
+                     templates: Sequence[str] = ('a photo of a {}.',),
                      class_names: Optional[Sequence[str] | dict] = None,
                      name: str = '') -> ZeroShotDataset:
   """``root/<class folder>/*.jpg`` -> a ZeroShotDataset.

@@ -116,12 +116,6 @@ def difference_text(attrs_first: Mapping[str, Any],
   return ', '.join(phrases[:-1]) + ' and ' + phrases[-1]
 
 
-def attribute_prompts(schema: Sequence[Attribute] = DIGIT_SCHEMA
-                      ) -> dict[str, str]:
-  """Per ordered attribute, the 'first has more' text for eq. 2's T."""
-  return {a.name: a.more for a in schema if a.more is not None}
-
-
 def iter_difference_pairs(attributes: Sequence[Mapping[str, Any]],
                           seed: int = 0,
                           schema: Sequence[Attribute] = DIGIT_SCHEMA,

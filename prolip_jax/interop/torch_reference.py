@@ -58,6 +58,17 @@ def _modules() -> types.SimpleNamespace:
   import torch.nn.functional as F
   # pylint: enable=g-import-not-at-top
 
+  transformer_class = _transformer_class(torch, nn, F)
+  dual_encoder = _dual_encoder_class(
+      torch, nn, _vision_tower_class(torch, nn, F, transformer_class),
+      _text_tower_class(torch, nn, F, transformer_class))
+  return types.SimpleNamespace(torch=torch, DualEncoder=dual_encoder)
+
+
+def _transformer_class(torch, nn, F):  # pylint: disable=invalid-name
+  """The pre-LN block stack's module class (``Transformer``), open_clip's
+  parameter names: ``resblocks.{i}.{ln_1,attn,ln_2,mlp}``."""
+
   class QuickGELU(nn.Module):
 
     def forward(self, x):
@@ -121,6 +132,14 @@ def _modules() -> types.SimpleNamespace:
         x = block(x, mask)
       return x
 
+  return Transformer
+
+
+def _vision_tower_class(torch, nn, F,  # pylint: disable=invalid-name
+                        transformer_class):
+  """The image tower's module class (``VisionTower``): patches, [CLS]
+  (and [UNC]) -> ``(mu, logvar)``."""
+
   class VisionTower(nn.Module):
 
     def __init__(self, cfg):
@@ -137,7 +156,7 @@ def _modules() -> types.SimpleNamespace:
       self.positional_embedding = nn.Parameter(
           torch.zeros(n_special + n_patches, c.width))
       self.ln_pre = nn.LayerNorm(c.width, eps=c.ln_eps)
-      self.transformer = Transformer(c)
+      self.transformer = transformer_class(c)
       self.ln_post = nn.LayerNorm(c.width, eps=c.ln_eps)
       self.proj = nn.Parameter(torch.zeros(c.width, cfg.embed_dim))
       if cfg.use_unc:
@@ -156,6 +175,14 @@ def _modules() -> types.SimpleNamespace:
       logvar = self.uncertainty_proj(x[:, 1]) if self.use_unc else None
       return mu, logvar
 
+  return VisionTower
+
+
+def _text_tower_class(torch, nn, F,  # pylint: disable=invalid-name
+                      transformer_class):
+  """The text tower's module class (``TextTower``): tokens, [UNC] and
+  [CLS] where the config puts them -> ``(mu, logvar)``."""
+
   class TextTower(nn.Module):
 
     def __init__(self, cfg):
@@ -171,7 +198,7 @@ def _modules() -> types.SimpleNamespace:
         self.cls_emb = nn.Parameter(torch.zeros(c.width))
         if cfg.use_unc:
           self.unc_emb = nn.Parameter(torch.zeros(c.width))
-      self.transformer = Transformer(c)
+      self.transformer = transformer_class(c)
       self.ln_final = nn.LayerNorm(c.width, eps=c.ln_eps)
       if c.proj_bias:
         self.text_projection = nn.Linear(c.width, cfg.embed_dim)
@@ -221,6 +248,13 @@ def _modules() -> types.SimpleNamespace:
         logvar = self.text_uncertainty_projection(head_in)
       return F.normalize(projected, dim=-1), logvar
 
+  return TextTower
+
+
+def _dual_encoder_class(torch, nn, vision_tower_class, text_tower_class):
+  """The whole model's module class (``DualEncoder``): both towers and the
+  logit scale and bias."""
+
   class DualEncoder(nn.Module):
     """``visual``, ``text``, ``logit_scale`` (log a), ``logit_bias`` (b)."""
 
@@ -228,8 +262,8 @@ def _modules() -> types.SimpleNamespace:
       super().__init__()
       cfg = convert.config_namespace(model_config)
       self.config = cfg
-      self.visual = VisionTower(cfg)
-      self.text = TextTower(cfg)
+      self.visual = vision_tower_class(cfg)
+      self.text = text_tower_class(cfg)
       self.logit_scale = nn.Parameter(torch.zeros(()))
       self.logit_bias = nn.Parameter(torch.zeros(()))
 
@@ -243,7 +277,7 @@ def _modules() -> types.SimpleNamespace:
       return (self.encode_image(images), self.encode_text(tokens),
               self.logit_scale.exp(), self.logit_bias)
 
-  return types.SimpleNamespace(torch=torch, DualEncoder=DualEncoder)
+  return DualEncoder
 
 
 def build(model_config: Any):

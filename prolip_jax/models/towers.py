@@ -6,9 +6,10 @@ of the [UNC] output, bias initialised to -10). With ``use_unc=False`` the same
 towers are the deterministic CLIP/SigLIP encoders and ``logvar`` is None.
 
 ``release_compat`` reproduces three places where the public PyTorch release
-differs from the paper (see README, "Paper vs release"): the image [CLS] passes
-``ln_post`` twice; text [UNC]/[CLS] sit after the whole padded context and
-padding is attended to; text log sigma^2 comes from the projected [CLS].
+differs from the paper (docs/objectives.md, "Paper vs release"): the image
+[CLS] passes ``ln_post`` twice; text [UNC]/[CLS] sit after the whole padded
+context and padding is attended to; text log sigma^2 comes from the
+projected [CLS].
 """
 
 from __future__ import annotations
@@ -122,9 +123,9 @@ class ImageTower(nn.Module):
                                (b, n_special, cfg.width))
     x = jnp.concatenate([special, x], axis=1)
     x = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=self.dtype, name='ln_pre')(x)
-    x = Encoder(cfg.width, cfg.layers, cfg.heads, int(cfg.width * cfg.mlp_ratio),
-                cfg.act, cfg.ln_eps, self.dtype, self.options,
-                name='transformer')(x)
+    x = Encoder(cfg.width, cfg.layers, cfg.heads,
+                int(cfg.width * cfg.mlp_ratio), cfg.act, cfg.ln_eps,
+                self.dtype, self.options, name='transformer')(x)
     ln_post = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=self.dtype, name='ln_post')
     x = ln_post(x)
     cls_out = ln_post(x[:, 0]) if self.release_compat else x[:, 0]
@@ -165,7 +166,8 @@ class TextTower(nn.Module):
     n_special = 0 if cfg.pool == 'argmax' else (2 if self.use_unc else 1)
     total = length + n_special
     init = nn.initializers.normal(0.01)
-    x = nn.Embed(cfg.vocab_size, cfg.width, embedding_init=nn.initializers.normal(0.02),
+    x = nn.Embed(cfg.vocab_size, cfg.width,
+                 embedding_init=nn.initializers.normal(0.02),
                  name='token_embedding')(tokens)
     x = jnp.pad(x, ((0, 0), (0, n_special), (0, 0)))
     positions = jnp.arange(total)[None, :]
@@ -188,8 +190,9 @@ class TextTower(nn.Module):
     kv_lengths = None
     if not self.release_compat:
       kv_lengths = (n_real + n_special)[:, 0].astype(jnp.int32)
-    x = Encoder(cfg.width, cfg.layers, cfg.heads, int(cfg.width * cfg.mlp_ratio),
-                cfg.act, cfg.ln_eps, self.dtype, self.options, cfg.causal,
+    x = Encoder(cfg.width, cfg.layers, cfg.heads,
+                int(cfg.width * cfg.mlp_ratio), cfg.act, cfg.ln_eps,
+                self.dtype, self.options, cfg.causal,
                 name='transformer')(x, kv_lengths)
     x = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=self.dtype, name='ln_final')(x)
     take = lambda idx: jnp.take_along_axis(x, idx[:, :, None], axis=1)[:, 0]

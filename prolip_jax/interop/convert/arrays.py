@@ -244,9 +244,11 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
   ``model_config``: a ModelConfig or its dict form; with ``scan`` the blocks
   come back stacked (``stack_layers``).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from prolip_jax.models.prolip import ModelConfig  # pylint: disable=g-import-not-at-top
-  from prolip_jax.models.prolip import init_params  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from prolip_jax.models.prolip import ModelConfig
+  from prolip_jax.models.prolip import init_params
+  # pylint: enable=g-import-not-at-top
 
   if not isinstance(model_config, ModelConfig):
     model_config = ModelConfig.from_config(model_dict(model_config))
@@ -266,10 +268,69 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
 
   abstract = flatten(jax.eval_shape(lambda r: init_params(cfg, r), rng))
   expect = {p: (tuple(a.shape), np.dtype(a.dtype)) for p, a in abstract.items()}
+  init_value = _initial_value_fn(cfg, rng, expect, init_params)
+  state = _ImportState(source={k: to_numpy(v) for k, v in sd.items()},
+                       report=report)
+  # Created tensors are named as in the target's own layout.
+  target_key = {e.key: e2.key for e, e2 in zip(
+      state_dict_entries(cfg, layout), state_dict_entries(cfg))}
+
+  for e in state_dict_entries(cfg, layout):
+    shapes = [expect[p][0] for p in e.paths]
+    dtype = expect[e.paths[0]][1]
+    want = _torch_shape(e.kind, shapes)
+    if e.paths[0][-2:] == ('text_projection', 'kernel'):
+      _import_text_projection(state, e, t, shapes, dtype)
+    elif e.paths[0][-1] == 'positional_embedding':
+      _import_positional(state, e, cfg, layout, want, dtype, init_value,
+                         target_key[e.key])
+    else:
+      _import_tensor(state, e, t, want, dtype, init_value, target_key[e.key])
+  _sort_unused(state, cfg, t)
+
+  if state.problems:
+    raise ValueError(
+        f'cannot convert state dict ({layout} text layout) to the model '
+        f'config: {len(state.problems)} offending keys:\n  '
+        + '\n  '.join(state.problems))
+  missing = sorted('/'.join(p) for p in set(abstract) - set(state.flat))
+  if missing:  # the entry table and the model disagree: a bug here
+    raise AssertionError(f'conversion table misses params {missing}')
+  report.converted = len(state.consumed)
+  params = unflatten({p: state.flat[p] for p in abstract})
+  return to_layout(params, model_config.scan), report
+
+
+@dataclasses.dataclass
+class _ImportState:
+  """The state of one ``state_dict_to_params``: the source tensors (numpy,
+  by state-dict key), the keys used so far, every problem found and the
+  parameters built so far (by flattened path)."""
+  source: dict[str, np.ndarray]
+  report: ConversionReport
+  consumed: set[str] = dataclasses.field(default_factory=set)
+  problems: list[str] = dataclasses.field(default_factory=list)
+  flat: dict[tuple[str, ...], np.ndarray] = dataclasses.field(
+      default_factory=dict)
+
+  def take(self, key: str, dtype: np.dtype) -> np.ndarray:
+    """The source tensor ``key``, marked used, cast (and reported) to
+    ``dtype`` where it differs."""
+    self.consumed.add(key)
+    x = self.source[key]
+    if x.dtype != dtype:
+      self.report.cast.append(f'{key}: {x.dtype} -> {dtype}')
+      x = x.astype(dtype)
+    return x
+
+
+def _initial_value_fn(cfg, rng, expect, init_params):
+  """``init_value(path)``: the initial value of one parameter of ``cfg``.
+  The two scalars are constants; anything else needs a (slow) full
+  ``init_params(cfg, rng)``, run at most once and only when needed."""
   init_cache: list[dict] = []
 
   def init_value(path):
-    # The two scalars are constants; anything else needs a (slow) full init.
     if path == ('logit_scale',):
       return np.asarray(math.log(cfg.init_logit_scale), expect[path][1])
     if path == ('logit_bias',):
@@ -279,19 +340,23 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
                          flatten(init_params(cfg, rng)).items()})
     return init_cache[0][path]
 
-  source = {k: to_numpy(v) for k, v in sd.items()}
-  consumed: set[str] = set()
-  problems: list[str] = []
-  flat: dict[tuple[str, ...], np.ndarray] = {}
+  return init_value
 
-  # Tensors a model variant adds; created from init when absent.
-  creatable = {'visual.unc_embedding', 'visual.uncertainty_proj.weight',
-               'visual.uncertainty_proj.bias', f'{t}cls_emb', f'{t}unc_emb',
-               f'{t}text_uncertainty_projection.weight',
-               f'{t}text_uncertainty_projection.bias',
-               f'{t}text_projection.bias', 'logit_scale', 'logit_bias'}
 
-  # Created only as a whole: a source with part of a group is broken.
+def _creatable_keys(t: str) -> set[str]:
+  """The state-dict keys (text prefix ``t``) of tensors a model variant
+  adds: created from init when the source lacks them, dropped when the
+  target has no use for them."""
+  return {'visual.unc_embedding', 'visual.uncertainty_proj.weight',
+          'visual.uncertainty_proj.bias', f'{t}cls_emb', f'{t}unc_emb',
+          f'{t}text_uncertainty_projection.weight',
+          f'{t}text_uncertainty_projection.bias',
+          f'{t}text_projection.bias', 'logit_scale', 'logit_bias'}
+
+
+def _unc_group_partners(t: str) -> dict[str, tuple[str, ...]]:
+  """Per key of a tower's [UNC] token and head, the group's other keys: the
+  group is created only as a whole (a source with part of it is broken)."""
   groups = {}
   for group in (('visual.unc_embedding', 'visual.uncertainty_proj.weight',
                  'visual.uncertainty_proj.bias'),
@@ -299,91 +364,82 @@ def state_dict_to_params(state_dict: Mapping[str, Any], model_config: Any,
                  f'{t}text_uncertainty_projection.bias')):
     for k in group:
       groups[k] = tuple(g for g in group if g != k)
+  return groups
 
-  def take(key, shape, dtype):
-    consumed.add(key)
-    x = source[key]
+
+def _import_text_projection(state: _ImportState, e, t: str, shapes, dtype):
+  """The text projection kernel from a Linear (weight (E, W)) or a bare
+  matrix (W, E), whichever the source has."""
+  if f'{t}text_projection.weight' in state.source:
+    key, kind = f'{t}text_projection.weight', LINEAR
+  else:
+    key, kind = f'{t}text_projection', SAME
+  want = _torch_shape(kind, shapes)
+  if key not in state.source:
+    state.problems.append(f'{key}: missing (expected {want})')
+  elif tuple(state.source[key].shape) != want:
+    state.consumed.add(key)
+    state.problems.append(f'{key}: expected {want}, found '
+                          f'{tuple(state.source[key].shape)}')
+  else:
+    state.flat[e.paths[0]] = _from_torch_layout(kind, state.take(key, dtype))[0]
+
+
+def _import_positional(state: _ImportState, e, cfg, layout, want, dtype,
+                       init_value, name):
+  """A positional embedding (``_positional``), cast to ``dtype``."""
+  key = e.key
+  x = _positional(e, state.source, cfg, layout, want, state.problems,
+                  state.report, init_value, name)
+  state.consumed.add(key)
+  if x is not None:
     if x.dtype != dtype:
-      report.cast.append(f'{key}: {x.dtype} -> {dtype}')
-      x = x.astype(dtype)
-    return x
+      state.report.cast.append(f'{key}: {x.dtype} -> {dtype}')
+    state.flat[e.paths[0]] = x.astype(dtype)
 
-  # Created tensors are named as in the target's own layout.
-  target_key = {e.key: e2.key for e, e2 in zip(
-      state_dict_entries(cfg, layout), state_dict_entries(cfg))}
 
-  for e in state_dict_entries(cfg, layout):
-    shapes = [expect[p][0] for p in e.paths]
-    dtype = expect[e.paths[0]][1]
-    want = _torch_shape(e.kind, shapes)
-    key = e.key
-    if e.paths[0][-2:] == ('text_projection', 'kernel'):
-      # Linear (weight (E, W)) or bare matrix (W, E), whichever the source has.
-      if f'{t}text_projection.weight' in source:
-        key, kind = f'{t}text_projection.weight', LINEAR
-      else:
-        key, kind = f'{t}text_projection', SAME
-      want = _torch_shape(kind, shapes)
-      if key not in source:
-        problems.append(f'{key}: missing (expected {want})')
-      elif tuple(source[key].shape) != want:
-        consumed.add(key)
-        problems.append(f'{key}: expected {want}, found '
-                        f'{tuple(source[key].shape)}')
-      else:
-        flat[e.paths[0]] = _from_torch_layout(kind, take(key, want, dtype))[0]
-      continue
-    if e.paths[0][-1] == 'positional_embedding':
-      x = _positional(e, source, cfg, layout, want, problems, report,
-                      init_value, target_key[key])
-      consumed.add(key)
-      if x is not None:
-        if x.dtype != dtype:
-          report.cast.append(f'{key}: {x.dtype} -> {dtype}')
-        flat[e.paths[0]] = x.astype(dtype)
-      continue
-    if key not in source:
-      partial = [k for k in groups.get(key, ()) if k in source]
-      if key in creatable and not partial:
-        report.created.append(f'{target_key[key]} {want}')
-        for p in e.paths:
-          flat[p] = init_value(p)
-      else:
-        problems.append(f'{key}: missing (expected {want})' + (
-            f'; the source has {partial}' if partial else ''))
-      continue
-    found = tuple(source[key].shape)
-    if found != want:
-      consumed.add(key)
-      problems.append(f'{key}: expected {want}, found {found}')
-      continue
-    arrays = _from_torch_layout(e.kind, take(key, want, dtype))
-    for p, x in zip(e.paths, arrays):
-      flat[p] = x
-
-  for key in sorted(set(source) - consumed):
-    shape = tuple(source[key].shape)
-    if key == f'{t}text_projection.bias' and not cfg.text.proj_bias:
-      if np.any(source[key] != 0):
-        problems.append(f'{key}: unexpected nonzero bias {shape} '
-                        '(model.text.proj_bias=False)')
-      else:
-        report.dropped.append(f'{key} {shape} (all zeros)')
-    elif key in creatable:
-      report.dropped.append(f'{key} {shape}')
+def _import_tensor(state: _ImportState, e, t: str, want, dtype, init_value,
+                   name):
+  """Any other entry: taken from the source when its shape matches, created
+  from init when a model variant adds it and the source lacks it."""
+  key = e.key
+  if key not in state.source:
+    partial = [k for k in _unc_group_partners(t).get(key, ())
+               if k in state.source]
+    if key in _creatable_keys(t) and not partial:
+      state.report.created.append(f'{name} {want}')
+      for p in e.paths:
+        state.flat[p] = init_value(p)
     else:
-      problems.append(f'{key}: unexpected key {shape}')
+      state.problems.append(f'{key}: missing (expected {want})' + (
+          f'; the source has {partial}' if partial else ''))
+    return
+  found = tuple(state.source[key].shape)
+  if found != want:
+    state.consumed.add(key)
+    state.problems.append(f'{key}: expected {want}, found {found}')
+    return
+  arrays = _from_torch_layout(e.kind, state.take(key, dtype))
+  for p, x in zip(e.paths, arrays):
+    state.flat[p] = x
 
-  if problems:
-    raise ValueError(
-        f'cannot convert state dict ({layout} text layout) to the model '
-        f'config: {len(problems)} offending keys:\n  ' + '\n  '.join(problems))
-  missing = sorted('/'.join(p) for p in set(abstract) - set(flat))
-  if missing:  # the entry table and the model disagree: a bug here
-    raise AssertionError(f'conversion table misses params {missing}')
-  report.converted = len(consumed)
-  params = unflatten({p: flat[p] for p in abstract})
-  return to_layout(params, model_config.scan), report
+
+def _sort_unused(state: _ImportState, cfg, t: str):
+  """The source tensors no entry used: dropped (a variant's tensor, a text
+  projection bias of zeros) or a problem (anything else)."""
+  creatable = _creatable_keys(t)
+  for key in sorted(set(state.source) - state.consumed):
+    shape = tuple(state.source[key].shape)
+    if key == f'{t}text_projection.bias' and not cfg.text.proj_bias:
+      if np.any(state.source[key] != 0):
+        state.problems.append(f'{key}: unexpected nonzero bias {shape} '
+                              '(model.text.proj_bias=False)')
+      else:
+        state.report.dropped.append(f'{key} {shape} (all zeros)')
+    elif key in creatable:
+      state.report.dropped.append(f'{key} {shape}')
+    else:
+      state.problems.append(f'{key}: unexpected key {shape}')
 
 
 def _positional(e, source, cfg, layout, want, problems, report, init_value,
