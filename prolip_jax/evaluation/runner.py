@@ -47,7 +47,7 @@ def checkpoint_evals(model) -> ml_collections.ConfigDict:
     raise errors.ConfigError(
         'the model declares no evaluators (its config has no evals and was '
         'not trained on the bundled digits or emoji): pass --config, e.g. '
-        'configs/eval/imagenet.py')
+        'configs/eval/benchmarks.py')
   return ml_collections.ConfigDict(evals)
 
 

@@ -34,8 +34,8 @@ from prolip_jax import models
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.config import keys as config_keys
+from prolip_jax.data import bad_records
 from prolip_jax.data import pipeline
-from prolip_jax.data import records
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
@@ -446,12 +446,12 @@ def _log_row(config, step: int, end: int, metrics: dict,
 
 
 def _next_batch(data_iter, mesh, report, monitor, save_progress):
-  """The next global batch; a bad record (``records.BadRecordError``) saves
+  """The next global batch; a bad record (``BadRecordError``) saves
   the progress first when this is the only process (with several, the
   others are mid-step) and is raised: the data needs fixing."""
   try:
     local_batch = report.data(next, data_iter)
-  except records.BadRecordError:
+  except bad_records.BadRecordError:
     monitor.flush()
     if jax.process_count() == 1:
       save_progress()
