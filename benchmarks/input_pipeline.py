@@ -144,7 +144,7 @@ def _time_pipeline(dataset, n: int, args) -> dict[str, float]:
     for _ in range(2 + 2 * workers):  # start-up: spawn, first batches
       next(it)
     rate = _rate(lambda _: next(it), 1, args.seconds) * args.batch
-    del it
+    it = None  # the worker processes stop before the next setting starts
     label = (f'iterate_from, {workers} worker processes x 1 thread'
              if workers else 'iterate_from, in-process, 2 threads')
     per = f', {rate / workers:.0f} per worker' if workers else ''

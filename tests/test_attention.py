@@ -10,9 +10,9 @@ model. The H100 compile test spawns the CUDA build of jax (see
 
 import dataclasses
 import glob
+import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import types
@@ -175,12 +175,10 @@ def _gpu_python():
   if exe:
     return (exe, '') if os.path.exists(exe) else (
         None, f'PROLIP_GPU_PYTHON={exe} does not exist')
-  try:
-    import jax_cuda12_plugin  # pylint: disable=g-import-not-at-top,unused-import
+  if importlib.util.find_spec('jax_cuda12_plugin') is not None:
     return sys.executable, ''
-  except ImportError:
-    return None, ('no CUDA build of jax: set PROLIP_GPU_PYTHON to the python '
-                  'of a venv with jax[cuda12] (docs/gpu.md)')
+  return None, ('no CUDA build of jax: set PROLIP_GPU_PYTHON to the python '
+                'of a venv with jax[cuda12] (docs/gpu.md)')
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """Model tests: parameter counts, [CLS]/[UNC] placement, masking semantics."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -25,7 +25,6 @@ from prolip_jax.models import random_keep_indices
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import file_names
 from prolip_jax.training import optimizer
-from prolip_jax.training import train
 
 
 def _cfg(**kw):

@@ -5,11 +5,6 @@ mesh of 8 devices, with data and FSDP splits, must give the parameters of the
 1-device run: the blockwise ring losses and the per-sample terms are exact.
 """
 
-import os
-import subprocess
-import sys
-import json
-
 import jax
 import numpy as np
 import pytest

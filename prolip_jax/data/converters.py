@@ -514,7 +514,7 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
                           f'{_missing_or(images_dir, "a file")}')
   counts = _Counts()
   shards: dict[str, dict] = {}
-  writer, shard_count, shard_index = None, 0, 0
+  writer, shard_index = None, 0
 
   def finish():
     nonlocal writer, shard_index

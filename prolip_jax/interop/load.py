@@ -31,7 +31,6 @@ from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.embedding import as_uint8_image
 from prolip_jax.embedding import embed_in_batches
 from prolip_jax.embedding import image_list
-from prolip_jax.embedding import InputError  # pylint: disable=unused-import
 from prolip_jax.embedding import normalize_images
 from prolip_jax.embedding import text_list
 from prolip_jax.evaluation import metrics

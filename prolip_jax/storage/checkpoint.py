@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import sys
 from typing import Any, Callable, Optional
 

@@ -24,7 +24,6 @@ from typing import Optional
 
 from prolip_jax import errors
 from prolip_jax.storage import paths
-from prolip_jax.storage.workdir import LOCK_FILE  # pylint: disable=unused-import
 from prolip_jax.storage.workdir import Workdir
 
 HEARTBEAT_SECONDS = 60.0
