@@ -14,9 +14,11 @@ abstract (``jax.ShapeDtypeStruct``): nothing is allocated or run. Prints a
 Markdown table (trace+lower seconds, compile seconds, HLO size) and one JSON
 line per row.
 
-SO400M/14 is SigLIP's shape-optimised ViT (width 1152, 27 layers, 16 heads,
-MLP 4304) with a text tower of the same shape, as in the ProLIP release's
-SO400M model (``presets.model_preset('SO400M/14')``).
+``--models`` names rows of ``prolip_jax/config/sizes.py``, laid over the
+B/16 config's model (``presets.model_size``): SO400M/14 is SigLIP's
+shape-optimised ViT (width 1152, 27 layers, 16 heads, MLP 4304,
+tanh-approximated GELU) with a text tower of the same shape and a 16-token
+context, as ``configs/prolip_so400m14.py`` trains it.
 """
 
 import json
@@ -50,19 +52,6 @@ flags.DEFINE_string('remat_policy', 'nothing_saveable', 'model.remat_policy')
 flags.DEFINE_string('dtype', 'bfloat16', 'model.compute_dtype')
 
 
-def model_dict(name: str) -> dict:
-  """``config.model`` of a named shape (presets, plus SO400M/14)."""
-  if name == 'SO400M/14':
-    cfg = presets.model_preset('B/16').to_dict()
-    tower = dict(width=1152, layers=27, heads=16, mlp_ratio=4304 / 1152,
-                 act='gelu_tanh')
-    cfg['vision'].update(tower, image_size=224, patch_size=14)
-    cfg['text'].update(tower)
-    cfg['embed_dim'] = 1152
-    return cfg
-  return presets.model_preset(name).to_dict()
-
-
 def train_step_program(config, model, mesh, mask_id: int):
   """``(jitted step, (state, batch, rng))`` of ``config``'s objective, the
   arguments abstract: the step a run compiles (``train.jit_train_step``)
@@ -83,12 +72,11 @@ def train_step_program(config, model, mesh, mask_id: int):
 def compile_once(name: str, scan: bool) -> dict:
   """Lowers and compiles one program; returns its timings."""
   config = presets.load_config_file('configs/prolip_b16.py')
-  model_d = model_dict(name)
-  model_d.update(scan=scan, remat=flags.FLAGS.remat,
-                 remat_policy=flags.FLAGS.remat_policy,
-                 compute_dtype=flags.FLAGS.dtype)
-  model_d['text']['pad_id'] = 1
-  model_cfg = ModelConfig.from_config(model_d)
+  config.model.update(presets.model_size(name))
+  config.model.update(scan=scan, remat=flags.FLAGS.remat,
+                      remat_policy=flags.FLAGS.remat_policy,
+                      compute_dtype=flags.FLAGS.dtype)
+  model_cfg = ModelConfig.from_config(config.model)
   mesh = shd.make_mesh(config.mesh)
   model = ProLIP(model_cfg, attention=attention_impl_for(
       mesh.devices.flat, model_cfg.attention_impl))

@@ -23,6 +23,7 @@ import jax
 from ml_collections import config_flags
 import numpy as np
 
+from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.aot import compiler as aot
 from prolip_jax.models import attention_impl_for
@@ -98,7 +99,7 @@ def measure(config, verbose: bool = True, steps: int | None = None,
   xla_flops_step = xla_flops * jax.device_count()
   # The analytic count of prolip_jax.aot and the training loop's MFU.
   analytic_step = b * mfu_lib.run_flops_per_pair(
-      config, model_cfg.to_dict())['train']
+      config, model_cfg.to_dict(), objectives.get(config.objective))['train']
 
   memory = aot._memory(compiled)  # pylint: disable=protected-access
   cudnn_calls = compiled.as_text().count('__cudnn$fmha')

@@ -18,9 +18,5 @@ _B16 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prolip_b16.py')
 
 def get_config():
   c = presets.load_config_file(_B16)
-  c.model = presets.model_preset('L/16')
-  c.model.compute_dtype = 'bfloat16'
-  c.model.remat = True
-  c.model.scan = True  # as B/16: compiles 5-12x faster (docs/layer_scan.md)
-  c.model.text.pad_id = 1
+  c.model.update(presets.model_size('L/16'))  # B/16's dtype, remat, scan
   return c

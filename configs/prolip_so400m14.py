@@ -2,11 +2,14 @@
 shape-optimised ViT.
 
 224 px, patch 14 (256 patches), 27x1152 image and text towers, 16 heads, MLP
-4304, text context 16, embedding 1152: SigLIP's ViT-SO400M/14 at 224 px,
+4304 with tanh-approximated GELU, text context 16, embedding 1152: SigLIP's
+ViT-SO400M/14 at 224 px (the SO400M/14 row of prolip_jax/config/sizes.py),
 whose 233.5 GFLOPs per pair the paper's Table C.2 lists for ProLIP
-SO400M/14. The paper fine-tuned it from SigLIP for 1.28B pairs at lr 5e-5
-without weight decay (B.2); this config keeps the B/16 from-scratch recipe,
-so it plans memory and throughput at the shape (docs/scaling.md):
+SO400M/14. The vocabulary is ProLIP's 32,100 pieces (SigLIP's 32,000 and
+the 100 extra ids, [MASK] among them). The paper fine-tuned it from
+SigLIP for 1.28B pairs at lr 5e-5 without weight decay (B.2); this config
+keeps the B/16 from-scratch recipe, so it plans memory and throughput at
+the shape (docs/scaling.md):
 
 python -m prolip_jax.aot --config configs/prolip_so400m14.py \
     --topology v5p:4x4x4
@@ -21,9 +24,5 @@ _B16 = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prolip_b16.py')
 
 def get_config():
   c = presets.load_config_file(_B16)
-  c.model = presets.model_preset('SO400M/14')
-  c.model.compute_dtype = 'bfloat16'
-  c.model.remat = True
-  c.model.scan = True  # as B/16: compiles 5-12x faster (docs/layer_scan.md)
-  c.model.text.pad_id = 1
+  c.model.update(presets.model_size('SO400M/14'))  # B/16's dtype, remat, scan
   return c

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from prolip_jax import errors
+from prolip_jax import objectives
 from prolip_jax.config import presets
 from prolip_jax.models import ModelConfig
 from prolip_jax.training import loop_report
@@ -167,7 +168,8 @@ def test_loop_mfu_uses_the_aot_flops_and_the_chip_table():
   config = _config('prolip_b16.py', batch_size=4096)
   report = _report(config, [H100] * 8)
   flops = mfu.run_flops_per_pair(
-      config, ModelConfig.from_config(config.model).to_dict())['train']
+      config, ModelConfig.from_config(config.model).to_dict(),
+      objectives.get(config.objective))['train']
   assert report.flops_per_pair == flops
   assert 147e9 < flops < 148.5e9  # docs/performance.md: 147 GFLOP per pair
   interval = step_timing.Interval(steps=20, step_s=1.6, data_wait_s=0.1,

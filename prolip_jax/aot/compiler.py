@@ -232,7 +232,8 @@ def compile_step(config, target: Target, per_device_batch: int
   report['memory'] = mem
   report['fits'] = mem is None or mem['total'] <= target.chip.hbm_bytes
   cost = _cost(compiled)
-  analytic = mfu.run_flops_per_pair(config, model.config.to_dict())
+  analytic = mfu.run_flops_per_pair(config, model.config.to_dict(),
+                                    objective)
   flops = {'analytic_per_pair': analytic['train'],
            'analytic_forward_per_pair': analytic['forward'],
            'ceiling_pairs_per_second': (target.chip.peak_bf16_flops

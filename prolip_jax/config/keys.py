@@ -18,6 +18,10 @@ Adding a key is one line in ``KEYS``, e.g.
 ``'model.scan': Key(False, 'scan the transformer blocks', PARAMETER_TREE),``
 (``fixed`` omitted: the key may change on resume). A key with ``added_by``
 belongs to one objective's configs only (not in ``base_config``).
+
+Defaults written elsewhere are read, not repeated: the model sizes are the
+``tiny`` row of ``sizes.SIZES`` and the loss weights the papers' values of
+``paper`` (which the loss functions take as their keyword defaults).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import dataclasses
 from typing import Any, Mapping
 
 import ml_collections
+
+from prolip_jax.config import paper
+from prolip_jax.config import sizes
 
 # Why a key may not change on resume.
 PARAMETER_TREE = 'changes the parameter tree'
@@ -39,6 +46,9 @@ MODEL = 'changes the model the checkpoint holds'
 # release snapshot or an old checkpoint without its own is normalised with.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# The model size of the declared defaults (base_config's model).
+_TINY = sizes.SIZES['tiny']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,31 +79,40 @@ KEYS: dict[str, Key] = {
     'batch_size': Key(128, 'global batch (all devices and hosts)', DATA, minimum=1),
     'total_steps': Key(1000, 'optimizer steps of the run (the schedule spans '
                        'them)', minimum=1),
-    # -- the model (the tiny preset; presets.model_preset overrides sizes)
-    'model.embed_dim': Key(64, 'dimension d of the shared embedding space',
-                           PARAMETER_TREE, minimum=1),
-    'model.vision.image_size': Key(32, 'image side in pixels',
+    # -- the model: the sizes are the tiny row of sizes.SIZES (a preset or
+    # presets.model_size lays another row over them)
+    'model.embed_dim': Key(_TINY.embed_dim, 'dimension d of the shared '
+                           'embedding space', PARAMETER_TREE, minimum=1),
+    'model.vision.image_size': Key(_TINY.image_size, 'image side in pixels',
                                    PARAMETER_TREE, minimum=1),
-    'model.vision.patch_size': Key(8, 'ViT patch side in pixels',
-                                   PARAMETER_TREE, minimum=1),
-    'model.vision.width': Key(128, 'image tower width', PARAMETER_TREE, minimum=1),
-    'model.vision.layers': Key(4, 'image tower blocks', PARAMETER_TREE, minimum=1),
-    'model.vision.heads': Key(4, 'image tower attention heads', MODEL, minimum=1),
-    'model.vision.mlp_ratio': Key(4.0, 'image MLP width / tower width',
-                                  PARAMETER_TREE),
-    'model.vision.act': Key('gelu', 'image MLP activation: gelu | '
-                            'quick_gelu', MODEL),
+    'model.vision.patch_size': Key(_TINY.patch_size, 'ViT patch side in '
+                                   'pixels', PARAMETER_TREE, minimum=1),
+    'model.vision.width': Key(_TINY.vision.width, 'image tower width',
+                              PARAMETER_TREE, minimum=1),
+    'model.vision.layers': Key(_TINY.vision.layers, 'image tower blocks',
+                               PARAMETER_TREE, minimum=1),
+    'model.vision.heads': Key(_TINY.vision.heads, 'image tower attention '
+                              'heads', MODEL, minimum=1),
+    'model.vision.mlp_ratio': Key(_TINY.vision.mlp_ratio, 'image MLP width / '
+                                  'tower width', PARAMETER_TREE),
+    'model.vision.act': Key(_TINY.vision.act, 'image MLP activation: gelu | '
+                            'gelu_tanh | quick_gelu', MODEL),
     'model.vision.ln_eps': Key(1e-5, 'image LayerNorm epsilon', MODEL),
-    'model.text.vocab_size': Key(256, 'text embedding rows (>= tokenizer '
-                                 'pieces)', PARAMETER_TREE, minimum=1),
-    'model.text.context_length': Key(32, 'caption tokens', PARAMETER_TREE, minimum=1),
-    'model.text.width': Key(128, 'text tower width', PARAMETER_TREE, minimum=1),
-    'model.text.layers': Key(3, 'text tower blocks', PARAMETER_TREE, minimum=1),
-    'model.text.heads': Key(4, 'text tower attention heads', MODEL, minimum=1),
-    'model.text.mlp_ratio': Key(4.0, 'text MLP width / tower width',
-                                PARAMETER_TREE),
-    'model.text.act': Key('gelu', 'text MLP activation: gelu | quick_gelu',
-                          MODEL),
+    'model.text.vocab_size': Key(_TINY.vocab_size, 'text embedding rows (>= '
+                                 'tokenizer pieces)', PARAMETER_TREE,
+                                 minimum=1),
+    'model.text.context_length': Key(_TINY.context_length, 'caption tokens',
+                                     PARAMETER_TREE, minimum=1),
+    'model.text.width': Key(_TINY.text.width, 'text tower width',
+                            PARAMETER_TREE, minimum=1),
+    'model.text.layers': Key(_TINY.text.layers, 'text tower blocks',
+                             PARAMETER_TREE, minimum=1),
+    'model.text.heads': Key(_TINY.text.heads, 'text tower attention heads',
+                            MODEL, minimum=1),
+    'model.text.mlp_ratio': Key(_TINY.text.mlp_ratio, 'text MLP width / tower '
+                                'width', PARAMETER_TREE),
+    'model.text.act': Key(_TINY.text.act, 'text MLP activation: gelu | '
+                          'gelu_tanh | quick_gelu', MODEL),
     'model.text.ln_eps': Key(1e-6, 'text LayerNorm epsilon', MODEL),
     'model.text.pad_id': Key(0, "pad id (replaced by the tokenizer's)",
                              TOKENIZER),
@@ -124,26 +143,35 @@ KEYS: dict[str, Key] = {
     'model.attention_impl': Key('auto', 'auto | xla | cudnn: attention '
                                 'kernel; auto is cuDNN on NVIDIA GPUs where '
                                 'shapes allow'),
-    # -- losses
-    'loss.alpha1': Key(1e-7, 'inclusion loss weight, image in text (eq. 6)'),
-    'loss.alpha2': Key(1e-3, 'inclusion loss weight, full in masked (eq. 6)'),
-    'loss.beta': Key(1e-4, 'VIB weight (eq. 6)'),
-    'loss.c': Key(1000.0, 'inclusion-loss sharpness c'),
-    'loss.eps': Key(-20.0, 'inclusion-loss stability exponent'),
+    # -- losses (the papers' values: config/paper.py)
+    'loss.alpha1': Key(paper.ALPHA1, 'inclusion loss weight, image in text '
+                       '(eq. 6)'),
+    'loss.alpha2': Key(paper.ALPHA2, 'inclusion loss weight, full in masked '
+                       '(eq. 6)'),
+    'loss.beta': Key(paper.BETA, 'VIB weight (eq. 6)'),
+    'loss.c': Key(paper.INCLUSION_C, 'inclusion-loss sharpness c'),
+    'loss.eps': Key(paper.INCLUSION_EPS, 'inclusion-loss stability exponent'),
     'loss.vib_release_quirk': Key(False, 'VIB as the release computes it'),
     'loss.guard': Key(True, 'drop exploding VIB/inclusion terms for a step '
                       '(release)'),
-    'loss.otter.alpha': Key(0.5, 'OTTER: weight of the hard InfoNCE labels'),
-    'loss.otter.lam': Key(0.15, 'OTTER: Sinkhorn temperature lambda'),
-    'loss.otter.n_iter': Key(5, 'OTTER: Sinkhorn iterations', minimum=1),
-    'loss.otter.gamma_v': Key(1.0, 'OTTER: weight of image-image '
-                              'similarity'),
-    'loss.otter.gamma_t': Key(1.0, 'OTTER: weight of text-text similarity'),
-    'loss.otter.eta': Key(100.0, 'OTTER: diagonal penalty of the targets'),
-    'loss.otter.ema_decay': Key(0.999, 'OTTER: EMA decay m of the teacher'),
+    'loss.otter.alpha': Key(paper.OTTER_ALPHA, 'OTTER: weight of the hard '
+                            'InfoNCE labels'),
+    'loss.otter.lam': Key(paper.OTTER_LAMBDA, 'OTTER: Sinkhorn temperature '
+                          'lambda'),
+    'loss.otter.n_iter': Key(paper.OTTER_ITERS, 'OTTER: Sinkhorn iterations',
+                             minimum=1),
+    'loss.otter.gamma_v': Key(paper.OTTER_GAMMA_V, 'OTTER: weight of '
+                              'image-image similarity'),
+    'loss.otter.gamma_t': Key(paper.OTTER_GAMMA_T, 'OTTER: weight of '
+                              'text-text similarity'),
+    'loss.otter.eta': Key(paper.OTTER_ETA, 'OTTER: diagonal penalty of the '
+                          'targets'),
+    'loss.otter.ema_decay': Key(paper.OTTER_EMA_DECAY, 'OTTER: EMA decay m of '
+                                'the teacher'),
     'loss.pcclip_weight': Key(1.0, 'PC-CLIP: weight of eq. 1', added_by=
                               'pcclip'),
-    'loss.pcclip_tau': Key(1.0, 'PC-CLIP: tau of eq. 4 (appendix C.1: 1)',
+    'loss.pcclip_tau': Key(paper.PCCLIP_TAU, 'PC-CLIP: tau of eq. 4 '
+                           '(appendix C.1: 1)',
                            added_by='pcclip'),
     'loss.pcclip_squared': Key(False, "PC-CLIP: eq. 5's squared loss",
                                added_by='pcclip'),

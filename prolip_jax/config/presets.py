@@ -1,8 +1,13 @@
-"""Model presets as ``ConfigDict``s matching ``ModelConfig``'s fields.
+"""Model presets and the base config as ``ConfigDict``s.
 
-``model_preset('B/16')`` is the paper's ProLIP ViT-B/16: 224px, patch 16,
-12x768 image and text towers, 12 heads, context 64, embedding 768, vocabulary
-32,100 (the SigLIP sentencepiece model).
+A model is a size and run settings. The sizes are the rows of
+``sizes.SIZES`` (architecture only: ``tiny``, ``B/32``, ``B/16``, ``L/16``,
+``SO400M/14``); the run settings (dtype, remat, scan, pad id, ...) are the
+declared ``model.*`` defaults of ``config_keys.KEYS``, which a config file
+overrides. ``model_preset('B/16')`` is the paper's ProLIP ViT-B/16: 224px,
+patch 16, 12x768 image and text towers, 12 heads, context 64, embedding 768,
+vocabulary 32,100 (the SigLIP sentencepiece model); ``model_size('L/16')``
+the L/16 row alone, to lay over another config's model.
 """
 
 from __future__ import annotations
@@ -13,48 +18,32 @@ import os
 import ml_collections
 
 from prolip_jax.config import keys as config_keys
+from prolip_jax.config import paper
+from prolip_jax.config import sizes
 
-_VISION = {
-    # name: (image_size, patch, width, layers, heads)
-    'tiny': (32, 8, 128, 4, 4),
-    'B/32': (224, 32, 768, 12, 12),
-    'B/16': (224, 16, 768, 12, 12),
-    'L/16': (224, 16, 1024, 24, 16),
-    # SigLIP's shape-optimised ViT (Alabdulmohsin et al., 2023), 224 px.
-    'SO400M/14': (224, 14, 1152, 27, 16),
-}
-_TEXT = {
-    # name: (width, layers, heads, context_length, vocab_size)
-    'tiny': (128, 3, 4, 32, 256),
-    'B/32': (768, 12, 12, 64, 32100),
-    'B/16': (768, 12, 12, 64, 32100),
-    'L/16': (1024, 24, 16, 64, 32100),
-    'SO400M/14': (1152, 27, 16, 16, 32100),  # SigLIP SO400M/14-224: ctx 16
-}
-_EMBED = {'tiny': 64, 'B/32': 768, 'B/16': 768, 'L/16': 1024,
-          'SO400M/14': 1152}
-# MLP width / model width where it is not 4 (SO400M: 4304 = 1152 * 3.736...).
-_MLP_RATIO = {'SO400M/14': 4304 / 1152}
+
+def model_size(name: str) -> ml_collections.ConfigDict:
+  """The architecture fields of the named size (``sizes.SIZES``) as a
+  ``config.model`` update: ``c.model.update(model_size('L/16'))`` makes
+  ``c``'s model L/16 and keeps its run settings (dtype, remat, scan, pad
+  id, use_unc, ...)."""
+  if name not in sizes.SIZES:
+    raise ValueError(f'unknown model size {name!r}; have '
+                     f'{sorted(sizes.SIZES)}')
+  return ml_collections.ConfigDict(sizes.SIZES[name].to_dict())
 
 
 def model_preset(name: str, use_unc: bool = True) -> ml_collections.ConfigDict:
-  """The model config of a named preset (``tiny``, ``B/32``, ``B/16``,
+  """The model config of a named size (``tiny``, ``B/32``, ``B/16``,
   ``L/16``, ``SO400M/14``): the declared ``model.*`` defaults
-  (``config_keys.KEYS``) with the preset's sizes."""
-  if name not in _VISION:
-    raise ValueError(f'unknown model preset {name!r}; have {sorted(_VISION)}')
-  size, patch, vw, vl, vh = _VISION[name]
-  tw, tl, th, ctx, vocab = _TEXT[name]
+  (``config_keys.KEYS``) with the size's row (``model_size``) laid over
+  them."""
+  if name not in sizes.SIZES:
+    raise ValueError(f'unknown model preset {name!r}; have '
+                     f'{sorted(sizes.SIZES)}')
   c = config_keys.nested({k[len('model.'):]: v for k, v in
                           config_keys.defaults('model.').items()})
-  c.embed_dim = _EMBED[name]
-  c.vision.update(image_size=size, patch_size=patch, width=vw, layers=vl,
-                  heads=vh)
-  c.text.update(vocab_size=vocab, context_length=ctx, width=tw, layers=tl,
-                heads=th)
-  mlp_ratio = _MLP_RATIO.get(name)
-  if mlp_ratio is not None:
-    c.vision.mlp_ratio = c.text.mlp_ratio = mlp_ratio
+  c.update(model_size(name))
   c.use_unc = use_unc
   return c
 
@@ -153,8 +142,8 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
     config_keys.add(c, 'pcclip')
   if objective == 'pcme':
     # PCME++'s release inits a = 5, b = 5 (the model stores log a).
-    c.model.init_logit_scale = 5.0
-    c.model.init_logit_bias = 5.0
+    c.model.init_logit_scale = paper.PCME_SCALE_INIT
+    c.model.init_logit_bias = paper.PCME_BIAS_INIT
   if objective == 'otter':
     # The paper's 0.999 suits long runs; over the demo's 600 steps it would
     # leave the teacher at about half its random init.

@@ -43,18 +43,20 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.config.paper import OTTER_ALPHA
+from prolip_jax.config.paper import OTTER_ETA
+from prolip_jax.config.paper import OTTER_GAMMA_T
+from prolip_jax.config.paper import OTTER_GAMMA_V
+from prolip_jax.config.paper import OTTER_ITERS
+from prolip_jax.config.paper import OTTER_LAMBDA
 from prolip_jax.losses import ring
 from prolip_jax.losses.probabilistic import ppcl_logits
 from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
 
-# Paper defaults (section 4 / Algorithm 1).
-OTTER_ALPHA = 0.5
-OTTER_LAMBDA = 0.15
-OTTER_ITERS = 5
-OTTER_ETA = 100.0
-OTTER_EMA_DECAY = 0.999  # of the teacher (objectives.otter.ema_update)
+# Keyword defaults: the paper's (section 4 / Algorithm 1), the OTTER_*
+# constants imported above from prolip_jax.config.paper.
 
 __all__ = ['sinkhorn', 'otter_similarity', 'otter_targets', 'otter_loss',
            'otter_loss_blockwise']
@@ -127,8 +129,8 @@ def sinkhorn(S: Array, lam: float = OTTER_LAMBDA,
 # Teacher similarity and targets (eq. 7, Algorithm 1)
 
 
-def otter_similarity(img_t: Array, txt_t: Array, gamma_v: float = 1.0,
-                     gamma_t: float = 1.0, eta: float = OTTER_ETA
+def otter_similarity(img_t: Array, txt_t: Array, gamma_v: float = OTTER_GAMMA_V,
+                     gamma_t: float = OTTER_GAMMA_T, eta: float = OTTER_ETA
                      ) -> tuple[Array, Array]:
   """``(S_v, S_t)`` of eq. 7 / Algorithm 1 from teacher embeddings.
 
@@ -156,8 +158,8 @@ def otter_similarity(img_t: Array, txt_t: Array, gamma_v: float = 1.0,
 
 
 def otter_targets(img_t: Array, txt_t: Array, lam: float = OTTER_LAMBDA,
-                  n_iter: int = OTTER_ITERS, gamma_v: float = 1.0,
-                  gamma_t: float = 1.0, eta: float = OTTER_ETA
+                  n_iter: int = OTTER_ITERS, gamma_v: float = OTTER_GAMMA_V,
+                  gamma_t: float = OTTER_GAMMA_T, eta: float = OTTER_ETA
                   ) -> tuple[Array, Array]:
   """OT distillation targets ``(M_v, M_t)`` (eq. 2, 6, 7; Algorithm 1).
 
@@ -207,7 +209,7 @@ def _soft_ce_rows(logits, targets):
 def otter_loss(img: Array, txt: Array, img_t: Array, txt_t: Array,
                scale: Array, alpha: float = OTTER_ALPHA,
                lam: float = OTTER_LAMBDA, n_iter: int = OTTER_ITERS,
-               gamma_v: float = 1.0, gamma_t: float = 1.0,
+               gamma_v: float = OTTER_GAMMA_V, gamma_t: float = OTTER_GAMMA_T,
                eta: float = OTTER_ETA, logvar_img: Optional[Array] = None,
                logvar_txt: Optional[Array] = None
                ) -> tuple[Array, dict[str, Array]]:
@@ -359,8 +361,9 @@ def otter_loss_blockwise(img: Array, txt: Array, img_t: Array, txt_t: Array,
                          scale: Array, axis_name: ring.AxisName,
                          alpha: float = OTTER_ALPHA,
                          lam: float = OTTER_LAMBDA,
-                         n_iter: int = OTTER_ITERS, gamma_v: float = 1.0,
-                         gamma_t: float = 1.0, eta: float = OTTER_ETA,
+                         n_iter: int = OTTER_ITERS,
+                         gamma_v: float = OTTER_GAMMA_V,
+                         gamma_t: float = OTTER_GAMMA_T, eta: float = OTTER_ETA,
                          logvar_img: Optional[Array] = None,
                          logvar_txt: Optional[Array] = None
                          ) -> tuple[Array, dict[str, Array]]:

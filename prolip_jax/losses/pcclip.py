@@ -29,14 +29,13 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.config.paper import PCCLIP_TAU
 from prolip_jax.losses.contrastive import clip_loss
 from prolip_jax.losses.contrastive import clip_loss_blockwise
 from prolip_jax.losses.contrastive import unit_rows
 from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
-
-PCCLIP_TAU = 1.0  # appendix C.1: temperature of the contrastive loss
 
 __all__ = ['difference_alignment_loss']
 

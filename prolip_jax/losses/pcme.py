@@ -17,10 +17,10 @@ Normalisation: the MEAN over all n*m pairs (``BCEWithLogitsLoss()`` in the
 PCME++ release). The release then returns ``2 * mean`` -- one copy for i2t and
 one for t2i, which are the same number since the pair set is symmetric -- so
 ``2 * pcme_pml_loss`` is the release's value; this function returns the mean
-itself. Release initial values: a = 5, b = 5 (``PCME_SCALE_INIT``,
-``PCME_BIAS_INIT``). The release's optional extras (pseudo-positives via
-``smoothness_alpha``, Mixup/CutMix, VIB) are not included here; VIB is
-``vib_loss``.
+itself. Release initial values: a = 5, b = 5
+(``prolip_jax.config.paper.PCME_SCALE_INIT``, ``PCME_BIAS_INIT``). The
+release's optional extras (pseudo-positives via ``smoothness_alpha``,
+Mixup/CutMix, VIB) are not included here; VIB is ``vib_loss``.
 
 Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
 float32, float64 inputs give float64.
@@ -40,9 +40,6 @@ from prolip_jax.losses.probabilistic import sigmoid_pairwise_loss_sum
 from prolip_jax.losses.probabilistic import to_compute_dtype
 
 Array = jax.Array
-
-PCME_SCALE_INIT = 5.0  # a ("negative_scale" in the release)
-PCME_BIAS_INIT = 5.0  # b ("shift" in the release)
 
 __all__ = ['pcme_pml_logits', 'pcme_pml_loss', 'pcme_pml_loss_blockwise']
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from prolip_jax.config import presets
 from prolip_jax.models.attention import IMPLEMENTATIONS
 from prolip_jax.models.towers import ImageTower
 from prolip_jax.models.towers import TextConfig
@@ -21,29 +22,38 @@ from prolip_jax.models.transformer import StackOptions
 
 Array = jax.Array
 
+# Defaults: ProLIP ViT-B/16, as towers.VisionConfig's and TextConfig's.
+_B16 = presets.model_preset('B/16')
+
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16,
            'float16': jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Everything that fixes the parameter tree and the forward pass."""
-  embed_dim: int = 768
+  """Everything that fixes the parameter tree and the forward pass.
+
+  Defaults are ProLIP ViT-B/16 (``presets.model_preset('B/16')``: the B/16
+  row of ``config/sizes.py`` and the declared ``model.*`` defaults of
+  ``config/keys.py``, which say what each field means)."""
+  embed_dim: int = _B16.embed_dim
   vision: VisionConfig = VisionConfig()
   text: TextConfig = TextConfig()
-  use_unc: bool = True
-  release_compat: bool = False
-  init_logit_scale: float = 10.0  # a, stored as log a
-  init_logit_bias: float = -10.0  # b
-  init_unc_bias: float = -10.0  # bias of the log sigma^2 heads (paper 4.1)
-  compute_dtype: str = 'float32'
+  use_unc: bool = _B16.use_unc
+  release_compat: bool = _B16.release_compat
+  init_logit_scale: float = _B16.init_logit_scale  # a, stored as log a
+  init_logit_bias: float = _B16.init_logit_bias  # b
+  # Bias of the log sigma^2 heads (paper 4.1).
+  init_unc_bias: float = _B16.init_unc_bias
+  compute_dtype: str = _B16.compute_dtype
   # How the towers' block stacks compile (see transformer.StackOptions):
   # remat=True with the default policy is the historical model.remat=True.
-  remat: bool = False
-  remat_policy: str = 'nothing_saveable'  # used when remat=True
-  scan: bool = False  # parameters stacked on a layer axis, see convert/arrays
+  remat: bool = _B16.remat
+  remat_policy: str = _B16.remat_policy  # used when remat=True
+  # Parameters stacked on a layer axis, see convert/arrays.
+  scan: bool = _B16.scan
   # 'auto' | 'xla' | 'cudnn', resolved per device by attention_impl_for.
-  attention_impl: str = 'auto'
+  attention_impl: str = _B16.attention_impl
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> 'ModelConfig':

@@ -21,12 +21,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.config import presets
 from prolip_jax.models.transformer import Encoder
 from prolip_jax.models.transformer import StackOptions
 
 Array = jax.Array
 
-UNC_BIAS_INIT = -10.0
+# The configs' defaults: ViT-B/16, i.e. the declared model.* defaults
+# (config_keys.KEYS) with the B/16 row of config/sizes.SIZES.
+_B16 = presets.model_preset('B/16')
+UNC_BIAS_INIT = _B16.init_unc_bias
 
 
 def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
@@ -39,36 +43,38 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
 class VisionConfig:
   """ViT image tower: square images cut into ``patch_size`` patches, a
   pre-LN transformer of ``layers`` blocks, ``width`` wide with ``heads``
-  heads and an MLP of ``mlp_ratio * width``. Defaults are ViT-B/16."""
-  image_size: int = 224
-  patch_size: int = 16
-  width: int = 768
-  layers: int = 12
-  heads: int = 12
-  mlp_ratio: float = 4.0
-  act: str = 'gelu'
-  ln_eps: float = 1e-5
+  heads and an MLP of ``mlp_ratio * width``. Defaults are ViT-B/16's
+  (``presets.model_preset('B/16').vision``)."""
+  image_size: int = _B16.vision.image_size
+  patch_size: int = _B16.vision.patch_size
+  width: int = _B16.vision.width
+  layers: int = _B16.vision.layers
+  heads: int = _B16.vision.heads
+  mlp_ratio: float = _B16.vision.mlp_ratio
+  act: str = _B16.vision.act
+  ln_eps: float = _B16.vision.ln_eps
 
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
   """Text transformer over token ids of at most ``context_length`` (the
   [UNC]/[CLS] slots are extra); ``pad_id`` marks padding, which attention
-  ignores. Defaults are ProLIP B/16's 12 x 768 tower on SigLIP's vocabulary."""
-  vocab_size: int = 32100
-  context_length: int = 64
-  width: int = 768
-  layers: int = 12
-  heads: int = 12
-  mlp_ratio: float = 4.0
-  act: str = 'gelu'
-  ln_eps: float = 1e-6
-  pad_id: int = 0
-  proj_bias: bool = True
+  ignores. Defaults are ProLIP B/16's 12 x 768 tower on SigLIP's vocabulary
+  (``presets.model_preset('B/16').text``)."""
+  vocab_size: int = _B16.text.vocab_size
+  context_length: int = _B16.text.context_length
+  width: int = _B16.text.width
+  layers: int = _B16.text.layers
+  heads: int = _B16.text.heads
+  mlp_ratio: float = _B16.text.mlp_ratio
+  act: str = _B16.text.act
+  ln_eps: float = _B16.text.ln_eps
+  pad_id: int = _B16.text.pad_id
+  proj_bias: bool = _B16.text.proj_bias
   # 'cls': ProLIP/SigLIP-style appended [CLS]; 'argmax': open_clip CLIP pools
   # the token with the largest id (end of text) under a causal mask.
-  pool: str = 'cls'
-  causal: bool = False
+  pool: str = _B16.text.pool
+  causal: bool = _B16.text.causal
 
 
 def _unc_head(embed_dim: int, in_width: int, dtype, name: str,

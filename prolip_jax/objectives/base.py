@@ -9,6 +9,7 @@ hook                         used for
 ===========================  ==============================================
 ``validate(config)``         clear errors for settings it cannot train with
 ``batch_multiple(config)``   each device's batch is a multiple of it (ProLIP)
+``masked_copies(config)``    the masked copies the FLOP count adds (ProLIP)
 ``extend_corpus(corpus)``    extra tokenizer-training text (PC-CLIP)
 ``wrap_dataset(...)``        extra batch entries (PC-CLIP's difference pairs)
 ``init_extra_params(...)``   parameters beside the towers (UniCLIP's heads)
@@ -127,6 +128,15 @@ class Objective:
           f'{local_batch} ({batch_shards} batch shards), which '
           f'{self.batch_multiple_why(config, multiple)}: choose batch_size '
           f'a multiple of {multiple * batch_shards}')
+
+  def masked_copies(self, config) -> Optional[dict[str, Any]]:
+    """The masked copies this objective embeds besides the batch, for the
+    model FLOP count (``training.mfu.run_flops_per_pair``):
+    ``{'fraction', 'image_keep_ratio', ...}`` (a ``fraction`` of the pairs
+    embedded again with ``image_keep_ratio`` of their patches), or None
+    (default: none)."""
+    del config
+    return None
 
   def extend_corpus(self, corpus: Callable[[], list]) -> Callable[[], list]:
     """The tokenizer-training corpus for this objective (default: as is)."""

@@ -14,10 +14,10 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from prolip_jax.config.paper import OTTER_EMA_DECAY
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import otter_loss
 from prolip_jax.losses import otter_loss_blockwise
-from prolip_jax.losses.otter import OTTER_EMA_DECAY
 from prolip_jax.objectives.base import Objective
 
 

@@ -83,6 +83,11 @@ class ProLIPObjective(Objective):
     return (f'must be a multiple of 1/masking.fraction = {multiple} (the '
             f'masked copies take every {multiple}th sample)')
 
+  def masked_copies(self, config) -> dict:
+    """``config.masking``: every ``1/fraction``-th pair embedded again
+    (``make_aux_fn``)."""
+    return dict(config.masking)
+
   def make_aux_fn(self, model, config, mesh, mask_id: int):
     stride = masking_stride(config.masking.fraction)
     if not stride:

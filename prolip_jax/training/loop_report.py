@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from prolip_jax import objectives
 from prolip_jax.config import keys as config_keys
 from prolip_jax.training import mfu
 from prolip_jax.training import profiling
@@ -71,8 +72,8 @@ class LoopReport:
     self.log_every = config.log_every_steps
     self.end = end
     self.num_workers = config_keys.get(config, 'data.num_workers')
-    self.flops_per_pair = mfu.run_flops_per_pair(config,
-                                                        model)['train']
+    self.flops_per_pair = mfu.run_flops_per_pair(
+        config, model, objectives.get(config.objective))['train']
     self.num_devices = len(devices)
     self.kind = devices[0].device_kind
     self.chip = mfu.chip_of_device_kind(self.kind)

@@ -100,12 +100,11 @@ def analytic_flops_per_pair(model: dict, masking: Optional[dict] = None
           'train': 3 * (forward + masked)}
 
 
-def run_flops_per_pair(config, model: dict) -> dict[str, float]:
+def run_flops_per_pair(config, model: dict, objective) -> dict[str, float]:
   """``analytic_flops_per_pair`` of a run: ``model`` is the run's
-  ``ModelConfig.to_dict()``; ``config.masking``'s copies count for the
-  ``prolip`` objective only (the one that embeds masked copies). The one
-  count behind ``prolip_jax.aot``'s report, the training loop's measured
-  MFU (``loop_report``) and ``benchmarks/train_step.py``."""
-  masking = (dict(config.masking) if config.objective == 'prolip'
-             else None)
-  return analytic_flops_per_pair(model, masking)
+  ``ModelConfig.to_dict()``, ``objective`` its ``Objective``
+  (``objectives.get(config.objective)``), whose ``masked_copies(config)``
+  says which masked copies count (ProLIP's ``config.masking``; none for the
+  others). The one count behind ``prolip_jax.aot``'s report, the training
+  loop's measured MFU (``loop_report``) and ``benchmarks/train_step.py``."""
+  return analytic_flops_per_pair(model, objective.masked_copies(config))
