@@ -41,8 +41,8 @@ def run(model, config=None, out_dir: Optional[str] = None,
 
   Args:
     model: a ``LoadedModel``, or a workdir / export / ``hf-hub:`` path.
-    config: None (the model's own ``evals``), an eval config with ``evals``,
-      or a bundled-report config (``suites`` + ``data``).
+    config: None (the model's own ``evals``, ``runner.checkpoint_evals``)
+      or an eval config with ``evals`` (``configs/eval/digits.py``).
     out_dir: default ``<model path>/eval`` (required for a model object).
     step: checkpoint step when loading a workdir.
     log, only, tfds_data_dir: as ``runner.run``.

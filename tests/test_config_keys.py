@@ -10,16 +10,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from prolip_jax import errors
 from prolip_jax import objectives
 from prolip_jax.config import drift as config_drift
 from prolip_jax.config import help as config_help
 from prolip_jax.config import keys as config_keys
 from prolip_jax.config import presets
-from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import evaluator
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
 from prolip_jax.training import optimizer
-from prolip_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -41,7 +41,7 @@ def test_every_key_of_every_config_is_declared():
                         if config_keys.declaration(k) is None)
     assert not undeclared, (name, undeclared)
     # The open subtree's entries are checked by their reader.
-    evaluators.build(config.get('evals'))
+    evaluator.entries(config.get('evals'))
   for key, declared in config_keys.KEYS.items():
     assert declared.meaning, key
 
@@ -90,7 +90,7 @@ def test_minimums_refuse_below_and_accept_at_the_minimum():
   bounded = {k: d for k, d in config_keys.KEYS.items()
              if d.minimum is not None and not d.added_by}
   assert {'checkpoint_every_steps', 'log_every_steps', 'keep_checkpoints',
-          'eval.batch_size', 'batch_size', 'total_steps'} <= set(bounded)
+          'batch_size', 'total_steps'} <= set(bounded)
   for key, declared in bounded.items():
     node = config
     *parents, last = key.split('.')
@@ -108,6 +108,14 @@ def test_minimums_refuse_below_and_accept_at_the_minimum():
         with pytest.raises(ValueError, match=key.replace('.', r'\.')):
           config_keys.check_values(config)
       node[last] = saved
+  # An evaluator's batch size (``evals.NAME.batch_size``: the open subtree)
+  # is bounded by its reader.
+  evals = config.evals.to_dict()
+  evals['eval']['batch_size'] = 1
+  evaluator.entries(evals)
+  evals['eval']['batch_size'] = 0
+  with pytest.raises(errors.ConfigError, match=r'evals\.eval\.batch_size'):
+    evaluator.entries(evals)
 
 
 def _changed(key, value):

@@ -18,7 +18,7 @@ from PIL import Image
 from prolip_jax import embedding
 from prolip_jax import evaluate
 from prolip_jax.evaluation import cli as eval_cli
-from prolip_jax.evaluation import embedder as eval_embedder
+from prolip_jax.evaluation import encoders as eval_encoders
 from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.evaluation import report
 
@@ -39,7 +39,7 @@ def eval_config(name='digits'):
 
 
 def test_prompt_ensemble_is_class_major_and_averages_per_class():
-  from prolip_jax.evaluation import zero_shot  # pylint: disable=g-import-not-at-top
+  from prolip_jax.evaluation import prompts  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   names, templates = ['cat', 'dog', 'emu'], ['a {}.', 'the {}!']
   table = {f'{c}|{t}': (rng.normal(size=4), rng.normal(size=4))
@@ -53,16 +53,16 @@ def test_prompt_ensemble_is_class_major_and_averages_per_class():
     return (np.stack([table[k][0] for k in keys]),
             np.stack([table[k][1] for k in keys]))
 
-  mu, lv = zero_shot.prompt_ensemble(embed, names, templates)
+  mu, lv = prompts.prompt_ensemble(embed, names, templates)
   assert seen == [[t.format(c) for c in names for t in templates]]
   assert mu.shape == lv.shape == (3, 2, 4)
   np.testing.assert_array_equal(mu[2, 1], table['emu|the {}!'][0])
-  cls_mu, cls_var = zero_shot.class_ensemble(embed, names, templates)
+  cls_mu, cls_var = prompts.class_ensemble(embed, names, templates)
   np.testing.assert_array_equal(cls_mu, eval_metrics.class_gaussians(mu, lv)[0])
   np.testing.assert_allclose(cls_var[0], np.exp(lv[0]).mean(0), rtol=1e-6)
   # A deterministic model: no variances.
-  mu_only = zero_shot.class_ensemble(lambda p: (embed(p)[0], None), names,
-                                     templates)
+  mu_only = prompts.class_ensemble(lambda p: (embed(p)[0], None), names,
+                                   templates)
   assert mu_only[1] is None
 
 
@@ -153,7 +153,7 @@ def test_embed_in_batches_tuple_inputs_and_progress():
   assert lv.shape == (10, 1)
   assert calls == [(4, 10), (8, 10), (10, 10)]
   stream = io.StringIO()
-  p = eval_embedder.Progress('x', stream=stream, interval=1e9)
+  p = eval_encoders.Progress('x', stream=stream, interval=1e9)
   p(1, 3)
   p(3, 3)
   assert stream.getvalue().strip().splitlines()[-1].startswith('x: 3/3')
@@ -177,7 +177,11 @@ def test_format_table_in_trainings_units():
       'filtering/auc': 0.9712, 'filtering/total': 1000,
       'other/new_metric': 1e-4,
   }
-  table = report.format_table(metrics)
+  # The kinds of the bundled report's entries (configs/eval/digits.py):
+  # each entry's rows follow its kind's rules.
+  kinds = {name: e.kind for name, e in eval_config().evals.items()}
+  assert kinds['uncertainty'] == 'uncertainty_report'
+  table = report.format_table(metrics, kinds=kinds)
   lines = table.splitlines()
   assert lines[0].split() == ['suite', 'metric', 'value']
   rows = {}
@@ -208,6 +212,16 @@ def test_format_table_in_trainings_units():
   # The row order follows the metrics (recalls at their first R@k).
   assert [l.split()[0] for l in lines[2:5]] == ['zero_shot', 'zero_shot',
                                                 'retrieval']
+  # The rules follow the kind, not the name: an entry named 'sigma' of kind
+  # uncertainty_report, one named 'digits' of kind zero_shot.
+  table = report.format_table(
+      {'sigma/spearman_level_sigma2': -0.6012, 'digits/csd_top1': 0.95},
+      notes=False, kinds={'sigma': 'uncertainty_report',
+                          'digits': 'zero_shot'})
+  assert [l.split('  ')[0] for l in table.splitlines()[2:]] == ['sigma',
+                                                                'digits']
+  assert 'Spearman(level, sigma^2)' in table and '-0.60' in table
+  assert 'zero-shot top-1, CSD' in table and '95.0%' in table
 
 
 def test_format_table_uses_the_training_summarys_percentages():
@@ -221,8 +235,8 @@ def test_format_table_uses_the_training_summarys_percentages():
 def test_evaluate_help_lists_the_commands_flags(capsys):
   assert evaluate.command(['evaluate', '--help']) == 0
   out = capsys.readouterr().out
-  for flag in ('--workdir', '--config', '--out', '--step',
-               '--config.KEY=VALUE', '--config.data.per_class'):
+  for flag in ('--workdir', '--config', '--out', '--step', '--evals',
+               '--tfds_data_dir', '--config.KEY=VALUE', '--config.per_class'):
     assert flag in out, flag
   assert 'Try --helpfull' not in out
 
@@ -245,11 +259,11 @@ def test_evaluate_flag_errors_are_one_line(args, message):
 
 def test_evaluate_misspelt_key_is_one_clean_line_with_the_nearest(capsys):
   status = evaluate.command(['evaluate', '--workdir=w', f'--config={DIGITS}',
-                         '--config.data.per_clas=20'])
+                         '--config.per_clas=20'])
   assert status == 2
   err = capsys.readouterr().err
-  assert err == (f"error: unknown config key 'data.per_clas' (did you mean "
-                 f"'data.per_class'?); {DIGITS} lists the keys\n"), err
+  assert err == (f"error: unknown config key 'per_clas' (did you mean "
+                 f"'per_class'?); {DIGITS} lists the keys\n"), err
 
 
 @pytest.mark.parametrize('example', eval_cli.EXAMPLES)
@@ -258,6 +272,10 @@ def test_the_help_examples_parse_as_written(example):
   sets what it says."""
   args = shlex.split(example)
   fv = eval_cli.parse(['evaluate', '--workdir=w', *args])
+  if args[-1].startswith('--evals='):  # entries of the config, picked
+    names = args[-1][len('--evals='):].split(',')
+    assert fv.evals == names and set(names) <= set(fv.config.evals)
+    return
   key, value = args[-1][len('--config.'):].split('=', 1)
   node = fv.config
   for part in key.split('.'):
@@ -274,10 +292,16 @@ def test_a_stray_argument_is_refused():
 
 def test_evaluate_parses_overrides():
   fv = eval_cli.parse(['evaluate', '--workdir=w', '--step=3',
-                       f'--config={DIGITS}', '--config.data.per_class=7'])
+                       f'--config={DIGITS}', '--config.per_class=7'])
   assert (fv.workdir, fv.step, fv.out) == ('w', 3, None)
-  assert fv.config.data.per_class == 7
+  assert fv.config.per_class == 7
   assert fv.config.batch_size == eval_config().batch_size
+  # The shared settings reach every entry of the bundled report.
+  for name, entry in fv.config.evals.items():
+    assert entry.per_class == 7 and entry.data == 'digits:heldout', name
+  fv = eval_cli.parse(['evaluate', '--workdir=w', f'--config={DIGITS}',
+                       '--evals=zero_shot,retrieval'])
+  assert fv.evals == ['zero_shot', 'retrieval']
   # No --config: the checkpoint's own evaluators, some of them, a data_dir.
   fv = eval_cli.parse(['evaluate', '--workdir=w', '--evals=imagenet,coco',
                        '--tfds_data_dir=/data/tfds'])
@@ -332,21 +356,28 @@ def _png_ok(path):
     assert im.format == 'PNG' and im.size[0] > 0 and im.size[1] > 0
 
 
-def test_run_every_suite(workdir, tmp_path):
+def test_run_every_entry_of_the_bundled_report(workdir, tmp_path):
   cfg = eval_config()
-  cfg.data.per_class = 5
+  cfg.per_class = 5
   cfg.progress = False
   cfg.batch_size = 50
-  cfg.bprw.few_shot.shots = 2
-  cfg.traversal.steps = 10
+  cfg.evals.bprw.few_shot.shots = 2
+  cfg.evals.traversal.steps = 10
+  assert sorted(cfg.evals) == ['bprw', 'filtering', 'retrieval', 'traversal',
+                               'uncertainty', 'zero_shot']
   out = str(tmp_path / 'eval')
   lines = []
   summary = evaluate.run(workdir, cfg, out, log=lines.append)
   m = summary['metrics']
-  for suite in cfg.suites:
-    with open(os.path.join(out, f'{suite}.json')) as f:
+  for name, entry in cfg.evals.items():
+    with open(os.path.join(out, f'{name}.json')) as f:
       data = json.load(f)
-    assert data['suite'] == suite and data['metrics']
+    assert data['evaluator'] == name and data['kind'] == entry.kind
+    assert data['metrics'], name
+    # The shared settings reached every entry.
+    assert data['config']['per_class'] == 5, name
+    assert data['config']['batch_size'] == 50, name
+  assert summary['kinds'] == {n: e.kind for n, e in cfg.evals.items()}
   for key in ('zero_shot/csd_top1', 'zero_shot/cosine_top5',
               'retrieval/csd_i2t_R@10', 'retrieval/cosine_t2i_R@1',
               'uncertainty/spearman_length_sigma2',
@@ -384,8 +415,8 @@ def test_command_line(workdir, tmp_path):
       [sys.executable, '-m', 'prolip_jax.evaluate', '--workdir', workdir,
        '--out', out, '--config', os.path.join(REPO, 'configs', 'eval',
                                                'digits.py'),
-       "--config.suites=('zero_shot', 'retrieval')",
-       '--config.data.per_class=3', '--config.batch_size=30'],
+       '--evals=zero_shot,retrieval', '--config.per_class=3',
+       '--config.batch_size=30'],
       env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'zero-shot top-1, CSD' in proc.stdout
@@ -395,6 +426,9 @@ def test_command_line(workdir, tmp_path):
     summary = json.load(f)
   assert set(summary['metrics']) >= {'zero_shot/csd_top1',
                                      'retrieval/csd_t2i_R@5'}
+  # Only the two picked.
+  assert {k.split('/')[0] for k in summary['metrics']} == {'zero_shot',
+                                                           'retrieval'}
 
 
 @pytest.mark.slow
@@ -414,12 +448,12 @@ def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
                           cfg.text.context_length, pad_id=0)
   model = load_lib.LoadedModel(cfg, params, tok)
   ecfg = eval_config()
-  ecfg.suites = ('zero_shot', 'uncertainty', 'filtering')
-  ecfg.data.per_class = 2
+  ecfg.per_class = 2
   ecfg.progress = False
   lines = []
   summary = evaluate.run(model, ecfg, str(tmp_path / 'det'),
-                         log=lines.append)
+                         log=lines.append,
+                         only=('zero_shot', 'uncertainty', 'filtering'))
   assert set(summary['metrics']) == {'zero_shot/cosine_top1',
                                      'zero_shot/cosine_top5'}
   assert any('[uncertainty] skipped' in l for l in lines)
@@ -427,18 +461,18 @@ def test_deterministic_model_gets_cosine_and_skips_uncertainty(workdir,
 
 
 @pytest.mark.slow
-def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
-                                                                tmp_path):
-  """The emoji suite on a random model: the level and text-inclusion figures
+def test_emoji_report_hierarchy_metrics_match_direct_computation(
+    workdir, tmp_path):
+  """The emoji report on a random model: the level and text-inclusion figures
   equal H and Spearman recomputed here from the model's own embeddings."""
   scipy_stats = pytest.importorskip('scipy.stats')
   from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
   from prolip_jax import losses  # pylint: disable=g-import-not-at-top
   from prolip_jax.data import emoji  # pylint: disable=g-import-not-at-top
   cfg = eval_config('emoji')
-  cfg.data.split = 'val'
+  cfg.data = 'emoji:val'
   cfg.progress = False
-  cfg.traversal.steps = 10
+  cfg.evals.traversal.steps = 10
   summary = evaluate.run(workdir, cfg, str(tmp_path / 'eval'),
                          log=lambda _: None)
   m = summary['metrics']
@@ -447,7 +481,7 @@ def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
 
   model = load_lib.load(workdir)
   caps = emoji.captions_for(emoji.split('val'))
-  levels = cfg.uncertainty.levels
+  levels = cfg.evals.uncertainty.levels
   mu, lv = model.encode_text([c[j] for c in caps for j in levels])
   mu = np.asarray(mu, np.float64).reshape(len(caps), len(levels), -1)
   lv = np.asarray(lv, np.float64).reshape(len(caps), len(levels), -1)
@@ -469,11 +503,11 @@ def test_emoji_suite_hierarchy_metrics_match_direct_computation(workdir,
       pytest.approx(np.mean(np.logical_and.reduce(positive)), abs=1e-3)
 
   # Image sigma^2 under a change of style, from the library's encode_image.
-  from prolip_jax import uncertainty  # pylint: disable=g-import-not-at-top
-  images = emoji.images('val', cfg.data.render_size)
+  from prolip_jax.evaluation import uncertainty  # pylint: disable=g-import-not-at-top
+  images = emoji.images('val', cfg.render_size)
   s_orig = uncertainty.sigma2(model.encode_image(images)[1])
-  assert cfg.uncertainty.style_views
-  for spec in cfg.uncertainty.style_views:
+  assert cfg.evals.uncertainty.style_views
+  for spec in cfg.evals.uncertainty.style_views:
     s_new = uncertainty.sigma2(model.encode_image(
         uncertainty.restyle(images, spec))[1])
     key = 'uncertainty/style_not_more_certain/' + spec.replace(':', '_')

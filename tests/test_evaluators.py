@@ -18,23 +18,36 @@ from prolip_jax import errors
 from prolip_jax import evaluate
 from prolip_jax import sharding as shd
 from prolip_jax.config import presets
+from prolip_jax.data import emoji
 from prolip_jax.data import eval_data
-from prolip_jax.evaluation import datasets
-from prolip_jax.evaluation import evaluators
+from prolip_jax.evaluation import encoders as encoders_lib
+from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.evaluation import runner
-from prolip_jax.evaluation import sharded
+from prolip_jax.evaluation import sets
 from prolip_jax.interop import load as load_lib
 from prolip_jax.storage import checkpoint
-from test_evaluate import workdir  # pylint: disable=unused-import
+import test_evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# test_evaluate's tiny saved model (a module-scoped fixture), shared.
+workdir = test_evaluate.workdir
 NAMES = ('zero', 'one', 'two')
 TEMPLATES = ('a photo of the number {}.', 'the digit {}.')
 
 
 def _mesh(n):
   return shd.make_mesh({'data': -1, 'fsdp': 1}, devices=jax.devices()[:n])
+
+
+def _run(model, cfg, n=8):
+  """The metrics of the entry ``cfg`` (``evaluator.complete``) on
+  ``model``'s encoders over ``n`` devices."""
+  encoders = encoders_lib.from_loaded(model, _mesh(n))
+  e = evaluator.kind_class(cfg.kind)(encoders, 'e', **cfg.to_dict())
+  result = e.run(model.params, '', log=lambda _: None)
+  assert result.skipped is None, result.skipped
+  return result.metrics
 
 
 def _digit_image(i: int, size: tuple[int, int], mode: str) -> Image.Image:
@@ -76,10 +89,9 @@ def _dense_top1(model, files, labels, names, templates):
 
 def test_zero_shot_folder_equals_dense_on_1_and_8_devices(model,
                                                           image_folder):
-  cfg = evaluators.entry('digits_folder', {
+  cfg = evaluator.complete('digits_folder', {
       'kind': 'zero_shot', 'data': f'folder:{image_folder}',
       'templates': TEMPLATES, 'batch_size': 4, 'num_threads': 2})
-  e = evaluators.Evaluator('digits_folder', cfg)
   # Classes are the folders in sorted order (one, two, zero).
   names = sorted(NAMES)
   files = [os.path.join(image_folder, n, f'{j}.png') for n in names
@@ -87,10 +99,11 @@ def test_zero_shot_folder_equals_dense_on_1_and_8_devices(model,
   labels = np.repeat(np.arange(3), 3)
   results, embeddings = {}, {}
   for n in (1, 8):
-    on_mesh = sharded.from_loaded(model, _mesh(n))
-    results[n] = e.run(on_mesh, '', log=lambda _: None)
-    zs = datasets.zero_shot_set(cfg)
-    embeddings[n] = on_mesh.embed_images(zs.images, 4, num_threads=2)
+    on_mesh = encoders_lib.from_loaded(model, _mesh(n))
+    results[n] = _run(model, cfg, n)
+    zs = sets.zero_shot_set(cfg)
+    embeddings[n] = on_mesh.embed_images(model.params, zs.images, 4,
+                                         num_threads=2)
   # The same embeddings (up to float reassociation) and identical metrics
   # whatever the device count; the padded last batch is dropped.
   np.testing.assert_allclose(embeddings[1].mu, embeddings[8].mu, atol=1e-5)
@@ -117,21 +130,20 @@ def test_imagenet_synset_folder_is_labelled_in_ilsvrc_order(model, tmp_path):
       files.append(str(path))
       labels.append(label)
   templates = ('a photo of a {}.',)
-  cfg = evaluators.entry('imagenet', {
+  cfg = evaluator.complete('imagenet', {
       'kind': 'zero_shot', 'data': f'folder:{tmp_path}',
       'class_names': 'imagenet', 'templates': templates, 'batch_size': 8})
-  zs = datasets.zero_shot_set(cfg)
+  zs = sets.zero_shot_set(cfg)
   assert len(zs.class_names) == 1000 and zs.class_names[999] == 'toilet paper'
   assert [zs.images.get(i) for i in range(6)] == list(zip(files, labels))
-  got = evaluators.Evaluator('imagenet', cfg).run(
-      sharded.from_loaded(model, _mesh(8)), '', log=lambda _: None)
+  got = _run(model, cfg)
   dense = _dense_top1(model, files, np.array(labels), zs.class_names,
                       templates)
   for key, value in dense.items():
     assert got[key] == pytest.approx(value)
   os.makedirs(tmp_path / 'not_a_synset')
   with pytest.raises(errors.DatasetUnavailableError, match='not_a_synset'):
-    datasets.zero_shot_set(cfg)
+    sets.zero_shot_set(cfg)
 
 
 def test_retrieval_jsonl_equals_dense_recall(model, image_folder, tmp_path):
@@ -145,11 +157,11 @@ def test_retrieval_jsonl_equals_dense_recall(model, image_folder, tmp_path):
                                'captions': caps}))
   path = tmp_path / 'captions.jsonl'
   path.write_text('\n'.join(lines) + '\n')
-  cfg = evaluators.entry('r', {'kind': 'retrieval', 'data': f'jsonl:{path}',
-                               'images_dir': image_folder, 'batch_size': 8,
-                               'num_threads': 2})
-  got = evaluators.Evaluator('r', cfg).run(
-      sharded.from_loaded(model, _mesh(8)), '', log=lambda _: None)
+  cfg = evaluator.complete('r', {'kind': 'retrieval',
+                                 'data': f'jsonl:{path}',
+                                 'images_dir': image_folder, 'batch_size': 8,
+                                 'num_threads': 2})
+  got = _run(model, cfg)
   files = [os.path.join(image_folder, k) for k in captions]
   texts = [t for caps in captions.values() for t in caps]
   owner = np.repeat(np.arange(len(files)), 2)
@@ -214,12 +226,11 @@ def fake_as_data_source(builder, split, decoders=None, **kwargs):
 
 
 def test_imagenet_through_tfds_mock_data_equals_dense(model, tfds):
-  cfg = evaluators.entry('imagenet', {
+  cfg = evaluator.complete('imagenet', {
       'kind': 'zero_shot', 'data': 'tfds:imagenet2012:validation',
       'templates': TEMPLATES, 'batch_size': 4, 'num_threads': 2})
   with tfds.testing.mock_data(as_data_source_fn=fake_as_data_source):
-    got = evaluators.Evaluator('imagenet', cfg).run(
-        sharded.from_loaded(model, _mesh(8)), '', log=lambda _: None)
+    got = _run(model, cfg)
   records = _fake_records('imagenet2012', 5)
   names = eval_data.metadata('imagenet')['classes']
   assert len(names) == 1000
@@ -232,13 +243,12 @@ def test_imagenet_through_tfds_mock_data_equals_dense(model, tfds):
 
 
 def test_coco_captions_through_tfds_mock_data(model, tfds):
-  cfg = evaluators.entry('coco', {'kind': 'retrieval',
-                                  'data': 'tfds:coco_captions:test',
-                                  'batch_size': 8})
+  cfg = evaluator.complete('coco', {'kind': 'retrieval',
+                                    'data': 'tfds:coco_captions:test',
+                                    'batch_size': 8})
   with tfds.testing.mock_data(as_data_source_fn=fake_as_data_source):
-    rs = datasets.retrieval_set(cfg)
-    got = evaluators.Evaluator('coco', cfg).run(
-        sharded.from_loaded(model, _mesh(8)), '', log=lambda _: None)
+    rs = sets.retrieval_set(cfg)
+    got = _run(model, cfg)
   records = _fake_records('coco_captions', 5)
   # Blank captions are dropped; the rest keep their image.
   texts = [t.decode().strip() for r in records
@@ -256,15 +266,15 @@ def test_coco_captions_through_tfds_mock_data(model, tfds):
 
 def test_unprepared_tfds_is_one_line_saying_how_to_prepare(tmp_path):
   pytest.importorskip('tensorflow_datasets')
-  cfg = evaluators.entry('imagenet', {
+  cfg = evaluator.complete('imagenet', {
       'kind': 'zero_shot', 'data': 'tfds:imagenet2012:validation',
       'data_dir': str(tmp_path)})
-  reason = datasets.available(cfg)
+  reason = sets.available(cfg)
   assert reason and '\n' not in reason
   assert 'tfds build imagenet2012' in reason and str(tmp_path) in reason
   assert 'array_record' in reason
   with pytest.raises(errors.DatasetUnavailableError):
-    datasets.zero_shot_set(cfg)
+    sets.zero_shot_set(cfg)
   assert not os.listdir(tmp_path)  # nothing downloaded or written
 
 
@@ -274,21 +284,72 @@ def test_unprepared_tfds_is_one_line_saying_how_to_prepare(tmp_path):
     ({'kind': 'zero_shot', 'data': 'tfd:imagenet2012'}, "did you mean"),
     ({'kind': 'retrieval', 'data': 'jsonl:/x', 'templates': 'imagenet'},
      'not a setting of a retrieval evaluator'),
-    ({'kind': 'suites', 'dataset': 'mnist'}, 'digits or emoji'),
+    # The bundled report is plain entries now: no 'suites' kind.
+    ({'kind': 'suites', 'data': 'digits'},
+     'evals.e.kind: .*expected one of .*uncertainty_report'),
+    ({'kind': 'uncertainty_report', 'data': 'mnist'}, 'expected one of'),
+    ({'kind': 'zero_shot', 'data': 'folder:/x', 'per_class': 5},
+     'a setting of the bundled sets'),
+    ({'kind': 'bprw', 'levels': (0, 1)}, 'not a setting of a bprw evaluator'),
+    ({'kind': 'zero_shot', 'data': 'digits', 'batch_size': 0},
+     'batch_size must be >= 1'),
+    ({'kind': 'heldout', 'every_steps': -2}, 'every_steps must be >= -1'),
 ])
 def test_bad_entries_are_config_errors(raw, message):
   with pytest.raises(errors.ConfigError, match=message):
-    evaluators.entry('e', raw)
+    evaluator.complete('e', raw)
+  with pytest.raises(errors.ConfigError, match=message):
+    evaluator.entries({'ok': {'kind': 'heldout'}, 'e': raw})
+
+
+def test_bundled_report_entries_share_the_top_level_settings():
+  """configs/eval/digits.py: every entry reads ``data``, ``per_class``,
+  ``batch_size``... by reference, so one override reaches all."""
+  config = runner.load_config_file(runner.bundled_config_path('digits'))
+  assert {n: e.kind for n, e in config.evals.items()} == {
+      'zero_shot': 'zero_shot', 'retrieval': 'retrieval',
+      'uncertainty': 'uncertainty_report', 'bprw': 'bprw',
+      'traversal': 'traversal', 'filtering': 'filtering'}
+  config.per_class = 3
+  config.data = 'digits:val'
+  config.batch_size = 7
+  done = evaluator.entries(config.evals)
+  assert sorted(done) == sorted(config.evals)
+  for name, cfg in done.items():
+    assert (cfg.per_class, cfg.data, cfg.batch_size) == (
+        3, 'digits:val', 7), name
+    assert sets.bundled_data(cfg).labels.shape == (30,), name
+  emoji = runner.load_config_file(runner.bundled_config_path('emoji'))
+  assert {e.data for e in emoji.evals.values()} == {'emoji:heldout'}
+  assert sorted(evaluator.entries(emoji.evals)) == [
+      'retrieval', 'traversal', 'uncertainty', 'zero_shot']
 
 
 def test_checkpoint_evals_follow_the_training_data():
+  def report(dataset):
+    return runner.load_config_file(
+        runner.bundled_config_path(dataset)).evals.to_dict()
+
   class Fake:
     run_config = {'data': {'name': 'emoji'}}
-  assert runner.checkpoint_evals(Fake()).to_dict() == {
-      'emoji': {'kind': 'suites', 'dataset': 'emoji'}}
-  Fake.run_config = {'evals': presets.bundled_report_evals('emoji'),
+  # An emoji model without evals: the emoji report.
+  assert runner.checkpoint_evals(Fake()).to_dict() == report('emoji')
+  assert {e['data'] for e in report('emoji').values()} == {'emoji:heldout'}
+  # A digits demo: its held-out evaluation plus the digits report.
+  Fake.run_config = {'evals': presets.heldout_evals(every_steps=300),
                      'data': {'name': 'digits'}}
-  assert runner.checkpoint_evals(Fake()).emoji.dataset == 'emoji'
+  evals = runner.checkpoint_evals(Fake())
+  assert evals.to_dict() == {**report('digits'),
+                             'eval': {'kind': 'heldout', 'every_steps': 300}}
+  assert evals.zero_shot.data == 'digits:heldout'
+  # The run's entry of a report's name is the run's.
+  mine = {'kind': 'zero_shot', 'data': 'folder:/x'}
+  Fake.run_config = {'evals': {'zero_shot': mine}, 'data': {'name': 'digits'}}
+  assert runner.checkpoint_evals(Fake()).zero_shot.to_dict() == mine
+  # Other training data: the run's own evals, none of a report.
+  Fake.run_config = {'evals': {'imagenet': mine},
+                     'data': {'name': 'array_record'}}
+  assert runner.checkpoint_evals(Fake()).to_dict() == {'imagenet': mine}
   Fake.run_config = {'data': {'name': 'array_record'}}
   with pytest.raises(errors.ConfigError, match='declares no evaluators'):
     runner.checkpoint_evals(Fake())
@@ -313,7 +374,7 @@ def test_b16_config_evaluators_on_mock_tfds(model, tfds, tmp_path):
               'uncertainty/txt_more_uncertain_than_img'):
     assert key in m, key
   with open(tmp_path / 'imagenet.json') as f:
-    assert json.load(f)['details']['templates'] == 80
+    assert len(json.load(f)['details']['templates']) == 80
   # The uncertainty summary equals sigma^2 recomputed from the model.
   records = _fake_records('coco_captions', 5)
   _, lv = model.encode_image([r['image'] for r in records])
@@ -347,10 +408,14 @@ def test_training_runs_its_evaluators_and_skips_missing_data(tmp_path,
       [r for r in rows if r['step'] == 4 and 'digits_zs/csd_top1' in r][0]
       ['digits_zs/csd_top1'])
   # The same evaluator from the checkpoint, by `evaluate`, gives the same
-  # numbers (its own evals; the missing one reported and skipped).
+  # numbers (its own evals; the missing one reported and skipped). A run on
+  # the digits also gets the digits report, left out here.
+  own = runner.checkpoint_evals(load_lib.load(workdir))
+  assert {'digits_zs', 'imagenet', 'zero_shot', 'bprw'} <= set(own)
+  assert own.digits_zs.to_dict() == cfg.evals.digits_zs.to_dict()
   lines = []
   again = evaluate.run(workdir, None, str(tmp_path / 'eval'),
-                       log=lines.append)
+                       log=lines.append, only=('digits_zs', 'imagenet'))
   assert again['metrics']['digits_zs/csd_top1'] == pytest.approx(
       summary['evals']['digits_zs/csd_top1'], abs=1e-6)
   assert any(l.startswith('[imagenet] skipped: TFDS data set') for l in lines)
@@ -358,12 +423,13 @@ def test_training_runs_its_evaluators_and_skips_missing_data(tmp_path,
 
 @pytest.mark.slow
 def test_evaluate_on_an_emoji_checkpoint_scores_the_emoji(workdir, tmp_path):  # pylint: disable=redefined-outer-name
-  """``evaluate --workdir W`` with no other flag runs W's own evaluators:
-  an emoji run's checkpoint is scored on the held-out emoji."""
+  """``evaluate --workdir W`` with no other flag runs W's own evaluators
+  and the emoji report: an emoji run's checkpoint is scored on the
+  held-out emoji."""
   params, meta = checkpoint.load_params(workdir)
   emoji_dir = str(tmp_path / 'emoji_run')
   config = presets.emoji_demo_config()
-  config.evals.emoji.suites = ('zero_shot',)
+  assert config.evals.to_dict() == presets.heldout_evals(every_steps=300)
   meta = dict(meta, config=config.to_dict())
   with checkpoint.manager(emoji_dir) as mngr:
     checkpoint.save(mngr, 1, params, {'unused': np.zeros(1, np.float32)},
@@ -384,4 +450,13 @@ def test_evaluate_on_an_emoji_checkpoint_scores_the_emoji(workdir, tmp_path):  #
   assert 'emoji-heldout' in proc.stdout
   assert 'digits' not in proc.stdout
   with open(os.path.join(emoji_dir, 'eval', 'summary.json')) as f:
-    assert 'emoji/zero_shot/csd_top1' in json.load(f)['metrics']
+    summary = json.load(f)
+  assert summary['kinds'] == {
+      'eval': 'heldout', 'zero_shot': 'zero_shot', 'retrieval': 'retrieval',
+      'uncertainty': 'uncertainty_report', 'traversal': 'traversal'}
+  for key in ('eval/zeroshot_csd_top1', 'zero_shot/csd_top1',
+              'retrieval/csd_i2t_R@1', 'uncertainty/spearman_level_sigma2',
+              'traversal/inclusion_precision'):
+    assert key in summary['metrics'], key
+  with open(os.path.join(emoji_dir, 'eval', 'zero_shot.json')) as f:
+    assert json.load(f)['details']['images'] == len(emoji.split('heldout'))

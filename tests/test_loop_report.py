@@ -50,7 +50,8 @@ def _config(name='prolip_micro.py', **overrides):
 def _report(config, devices, is_chief=True, tensorboard='/nonexistent',
             start=0, end=1000):
   return loop_report.LoopReport(
-      config, devices, ModelConfig.from_config(config.model).to_dict(),
+      config, objectives.get(config.objective), devices,
+      ModelConfig.from_config(config.model).to_dict(),
       start, end, is_chief, lambda: None, tensorboard)
 
 

@@ -68,8 +68,8 @@ def test_fixed_keys_by_prefix():
               'seed', 'objective', 'data.name', 'data.crop_scale',
               'uniclip.aug_features', 'optim.unc_lr_mult'):
     assert config_drift.is_fixed(key), key
-  for key in ('optim.lr', 'total_steps', 'eval.every_steps', 'mesh.fsdp',
-              'data.num_threads', 'log_every_steps'):
+  for key in ('optim.lr', 'total_steps', 'evals.eval.every_steps',
+              'mesh.fsdp', 'data.num_threads', 'log_every_steps'):
     assert not config_drift.is_fixed(key), key
   # An undeclared key the requested config adds is refused.
   requested = ml_collections.ConfigDict({'seed': 0, 'model': {'new': 1}})

@@ -32,9 +32,11 @@ from prolip_jax.interop import manifest
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
 import test_user_errors as tue  # the tiny imported workdir and the tools
-from test_user_errors import export_tool  # pylint: disable=unused-import
-from test_user_errors import import_tool  # pylint: disable=unused-import
-from test_user_errors import tokenizers  # pylint: disable=unused-import
+
+# test_user_errors' fixtures, shared.
+export_tool = tue.export_tool
+import_tool = tue.import_tool
+tokenizers = tue.tokenizers
 
 
 @pytest.fixture(scope='module')

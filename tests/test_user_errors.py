@@ -458,8 +458,8 @@ def _train_cli(config, workdir):
 @pytest.mark.parametrize('key,value', [
     ('checkpoint_every_steps', 0), ('log_every_steps', 0),
     ('data.num_workers', -1), ('keep_checkpoints', 0),
-    ('keep_checkpoints', -1), ('eval.batch_size', 0),
-    ('eval.every_steps', -5), ('max_nonfinite_steps', 0),
+    ('keep_checkpoints', -1), ('evals.eval.batch_size', 0),
+    ('evals.eval.every_steps', -5), ('max_nonfinite_steps', 0),
     ('data.num_threads', 0), ('batch_size', 0), ('total_steps', -1),
     ('optim.warmup_steps', -1), ('mesh.num_devices', 9),
 ])

@@ -243,12 +243,19 @@ def complete(name: str, raw: Any) -> ml_collections.ConfigDict:
     scheme, _ = sets.parse(raw['data'])
     if scheme not in sets.BUNDLED:
       for key in _BUNDLED_ONLY:
-        if key in raw:
+        # Its default is what a completed entry holds (complete(name,
+        # complete(name, raw)) is complete(name, raw): build does it).
+        if key in raw and raw[key] != COMMON[key]:
           raise errors.ConfigError(
               f'evals.{name}.{key}: a setting of the bundled sets '
               f'({", ".join(sets.BUNDLED)}), not of {raw["data"]!r}')
   if int(raw.get('batch_size', 1)) < 1:
-    raise errors.ConfigError(f'evals.{name}.batch_size must be >= 1')
+    raise errors.ConfigError(f'evals.{name}.batch_size must be >= 1 '
+                             f'(got {raw["batch_size"]!r})')
+  if int(raw.get('every_steps', -1)) < -1:
+    raise errors.ConfigError(
+        f'evals.{name}.every_steps must be >= -1, -1 being evaluate only '
+        f'(got {raw["every_steps"]!r})')
   return ml_collections.ConfigDict({**allowed, **raw})
 
 

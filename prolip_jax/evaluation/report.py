@@ -169,10 +169,10 @@ _DIRECTIONS = {'i2t': 'image -> text', 't2i': 'text -> image'}
 
 
 def _split(name: str, kinds: dict[str, str] | None) -> tuple[str, str, str]:
-  """``(shown suite, suite whose rules apply, key)`` of a metric name:
-  ``zero_shot/csd_top1`` (the bundled report), ``imagenet/csd_top1`` (an
-  evaluator of kind ``kinds['imagenet']``) or ``digits/zero_shot/csd_top1``
-  (the bundled report run as evaluator ``digits``)."""
+  """``(shown name, kind whose rules apply, key)`` of a metric name:
+  ``imagenet/csd_top1`` is evaluator ``imagenet`` of kind
+  ``kinds['imagenet']``; without ``kinds`` the name is taken for the
+  kind."""
   prefix, _, rest = name.partition('/')
   kind = (kinds or {}).get(prefix)
   if kind is not None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from prolip_jax import objectives
 from prolip_jax.config import keys as config_keys
 from prolip_jax.training import mfu
 from prolip_jax.training import profiling
@@ -57,6 +56,7 @@ def mfu_basis(chip: Optional[mfu.Chip], kind: str,
 class LoopReport:
   """The timer, MFU, data-wait note and profiler of one training run.
 
+  ``objective``: the run's (its masked copies count in the model FLOPs);
   ``devices``: the mesh's devices (the MFU's denominator); ``model``: the
   run's ``ModelConfig.to_dict()``; ``start``/``end``: the steps this run
   goes from and to; ``drain``: waits for the last dispatched step (the
@@ -64,16 +64,16 @@ class LoopReport:
   TensorBoard folder (the profile goes there).
   """
 
-  def __init__(self, config, devices: list, model: dict, start: int,
-               end: int, is_chief: bool, drain: Callable[[], Any],
-               tensorboard):
+  def __init__(self, config, objective, devices: list, model: dict,
+               start: int, end: int, is_chief: bool,
+               drain: Callable[[], Any], tensorboard):
     self.is_chief = is_chief
     self.batch = config.batch_size
     self.log_every = config.log_every_steps
     self.end = end
     self.num_workers = config_keys.get(config, 'data.num_workers')
     self.flops_per_pair = mfu.run_flops_per_pair(
-        config, model, objectives.get(config.objective))['train']
+        config, model, objective)['train']
     self.num_devices = len(devices)
     self.kind = devices[0].device_kind
     self.chip = mfu.chip_of_device_kind(self.kind)

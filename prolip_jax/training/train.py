@@ -208,6 +208,7 @@ def validate_config(config, objective: Optional[Objective] = None):
   checks, then the objective's own)."""
   objective = _resolve(config, objective)
   config_keys.check_values(config)  # counts, sizes, intervals: >= minimum
+  evaluator.entries(config.get('evals'))  # kinds, keys, batch, interval
   wanted, present = int(config.mesh.get('num_devices', 0) or 0), (
       jax.device_count())
   if wanted > present:
@@ -376,7 +377,6 @@ def _build(config, workdir: Workdir, objective) -> _Run:
                      f'the {shards} batch shards of mesh '
                      f'{dict(mesh.shape)}')
   objective.validate_batch(config, shards)  # before any data/tokenizer work
-  evaluator.entries(config.get('evals'))  # a bad entry fails before any work
   source, corpus = sources.train_source(config)
   if corpus is not None:
     corpus = objective.extend_corpus(corpus)
@@ -623,7 +623,7 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   # Data wait / device split, MFU, profile_steps
   # (prolip_jax/training/loop_report.py).
   report = loop_report.LoopReport(
-      config, list(mesh.devices.flat), model.config.to_dict(), start, end,
+      config, objective, list(mesh.devices.flat), model.config.to_dict(), start, end,
       is_chief, monitor.flush, workdir.tensorboard)
   stopped = lambda: stopper.stop
   failed = True  # until the loop ends without an exception
