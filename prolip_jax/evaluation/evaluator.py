@@ -16,7 +16,8 @@ defaults::
   evaluator = kind_class('zero_shot')(encoders, name='imagenet', **cfg)
   result = evaluator.run(params, out_dir)   # Result(metrics, details, ...)
 
-Adding a kind is adding its module; ``KINDS`` lists the modules found.
+Adding a kind is adding its module; ``kind_names()`` lists the modules
+found (a folder appended to ``kinds.__path__`` adds its modules too).
 ``encoders`` (``evaluation/encoders.py``) is the one way to embed: every
 device and host, the batch split over the mesh, the parameters passed at
 each call (a training run's sharded train state where it lies).
@@ -61,8 +62,13 @@ COMMON = {'kind': '', 'data': '', 'data_dir': '', 'every_steps': -1,
 # Keys of COMMON that only the bundled sets read.
 _BUNDLED_ONLY = ('per_class', 'render_size', 'phrasings')
 
-KINDS = tuple(sorted(m.name for m in pkgutil.iter_modules(
-    kinds_package.__path__)))
+
+
+def kind_names() -> tuple[str, ...]:
+  """The kinds: the modules of ``prolip_jax/evaluation/kinds/``."""
+  return tuple(sorted(m.name for m in pkgutil.iter_modules(
+      kinds_package.__path__)))
+
 
 
 class SkipEvaluator(Exception):
@@ -212,10 +218,11 @@ class Evaluator:
 def kind_class(kind: str) -> type[Evaluator]:
   """The ``Evaluator`` class of a kind (``kinds/<kind>.py``); an unknown
   kind is a ``ConfigError`` naming the known ones."""
-  if kind not in KINDS:
+  known = kind_names()
+  if kind not in known:
     raise errors.ConfigError(
-        f'evaluator kind {kind!r}: expected one of {", ".join(KINDS)}'
-        f'{errors.nearest(str(kind), KINDS)}')
+        f'evaluator kind {kind!r}: expected one of {", ".join(known)}'
+        f'{errors.nearest(str(kind), known)}')
   module = importlib.import_module(f'{kinds_package.__name__}.{kind}')
   return module.Evaluator
 

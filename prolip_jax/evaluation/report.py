@@ -215,7 +215,7 @@ def format_table(metrics: dict[str, Any], notes: bool = True,
   """``suite  metric  value`` rows for the printed summary, in the order of
   ``metrics`` (retrieval recalls grouped at their first R@k), followed by
   one line on units when ``notes``. ``kinds`` maps evaluator names (the
-  first part of a metric name) to their kind (``evaluators.KINDS``)."""
+  first part of a metric name) to their kind (``evaluator.kind_names()``)."""
   items = [(*_split(name, kinds), value, name)
            for name, value in metrics.items()]
   grouped, used = _retrieval_rows(items)

@@ -21,9 +21,10 @@ from prolip_jax import errors
 from prolip_jax.objectives.base import Objective
 
 
-def _discover() -> dict[str, Objective]:
+def discover() -> dict[str, Objective]:
   """``{name: instance}`` of the ``Objective`` subclass each module of
-  this package defines (a class a module imports belongs to its own)."""
+  this package defines (a class a module imports belongs to its own; a
+  folder appended to ``__path__`` adds its modules too)."""
   found = {}
   for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if info.name == 'base':
@@ -38,7 +39,7 @@ def _discover() -> dict[str, Objective]:
   return found
 
 
-REGISTRY: dict[str, Objective] = _discover()
+REGISTRY: dict[str, Objective] = discover()
 OBJECTIVES = tuple(REGISTRY)
 
 
