@@ -29,7 +29,6 @@ class InMemoryEvaluator(evaluator.Evaluator):
 
   def __init__(self, encoders, name: str = '', **cfg):
     super().__init__(encoders, name, **cfg)
-    self._params = None
     self._image_embeddings = None
     self._text_cache: dict[str, tuple] = {}
 
@@ -39,11 +38,11 @@ class InMemoryEvaluator(evaluator.Evaluator):
 
   def evaluate(self, params: Any) -> evaluator.Result:
     # Embeddings are kept for one run only: the next has other parameters.
-    self._params, self._image_embeddings, self._text_cache = params, None, {}
+    self._image_embeddings, self._text_cache = None, {}
     try:
       return self.evaluate_set(params, self.data())
     finally:
-      self._params, self._image_embeddings, self._text_cache = None, None, {}
+      self._image_embeddings, self._text_cache = None, {}
 
   def evaluate_set(self, params: Any, data: EvalData) -> evaluator.Result:
     """The kind's scores on ``data``."""
