@@ -39,6 +39,11 @@ def _env(devices):
   env = dict(os.environ)
   env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
   env['JAX_PLATFORMS'] = 'cpu'
+  # A hung process's log holds everything it printed, and SIGABRT (sent
+  # by ``_TwoProcesses.wait`` past its timeout) makes it print where every
+  # thread is.
+  env['PYTHONUNBUFFERED'] = '1'
+  env['PYTHONFAULTHANDLER'] = '1'
   return env
 
 
@@ -165,8 +170,16 @@ class _TwoProcesses:
         p.wait(timeout=max(deadline - time.time(), 1))
     except subprocess.TimeoutExpired:
       for p in self.procs:
+        if p.poll() is None:
+          p.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+      time.sleep(5)
+      for p in self.procs:
         p.kill()
-      raise
+        p.wait()
+      # Both logs: which host waited for which, and where.
+      raise AssertionError(f'not ended after {timeout} s\n' + '\n'.join(
+          f'--- process {i}, last lines:\n{self.output(i)[-2500:]}'
+          for i in range(2))) from None
     return [p.returncode for p in self.procs]
 
 

@@ -126,7 +126,8 @@ def test_objective_lists():
   assert 'pcme' in objectives.OBJECTIVES
   assert objectives.get('pcme').needs_unc
   # PCME++ has no inclusion terms, so no masked copies.
-  assert objectives.get('pcme').make_aux_fn(None, None, None, 3) is None
+  assert objectives.get('pcme').aux_inputs(None, None, None, 3) is None
+  assert objectives.get('pcme').aux_towers(None, None) is None
   assert [n for n in objectives.OBJECTIVES
           if objectives.get(n).uses_teacher] == ['otter']
 

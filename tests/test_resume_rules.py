@@ -179,3 +179,24 @@ def test_a_checkpoint_of_another_tree_is_refused_not_set_aside(tmp_path):
   assert step == 5
   np.testing.assert_array_equal(np.asarray(got['w']), params['w'])
   np.testing.assert_array_equal(np.asarray(got_opt['mu']), opt_state['mu'])
+
+
+def test_saving_leaves_the_preemption_sync_counter_to_the_loop(
+    tmp_path, monkeypatch):
+  """Orbax asks JAX's preemption sync manager about the checkpoint's step
+  when a save starts and again in its finalize thread; each ask moves the
+  manager's call counter, which ``progress.StopFlag`` owns (a stale step
+  there makes the hosts agree on a sync point one has passed). Saving,
+  unforced and forced, periodic and after a stop, must never ask."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  asked = []
+  monkeypatch.setattr(multihost_utils, 'reached_preemption_sync_point',
+                      lambda step: asked.append(step) or False)
+  params = {'w': np.arange(6, dtype=np.float32)}
+  with checkpoint.manager(str(tmp_path), save_interval_steps=2) as mngr:
+    for step in (2, 4, 5):
+      assert checkpoint.save(mngr, step, params, {'n': np.zeros(1)},
+                             {'step': step}, force=step == 5)
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [2, 4, 5]
+  assert asked == []

@@ -77,6 +77,12 @@ KEYS: dict[str, Key] = {
     'objective': Key('prolip', 'prolip | siglip | clip | pcme | otter | '
                      'uniclip | pcclip', MODEL),
     'batch_size': Key(128, 'global batch (all devices and hosts)', DATA, minimum=1),
+    # May change on resume: the step's loss, masks and data are the whole
+    # batch's whatever the split (training/accumulation.py).
+    'accum_steps': Key(1, "micro-batches per step: each device's batch is "
+                       'split K ways, the towers run one micro-batch at a '
+                       'time, the loss sees the whole global batch (exact)',
+                       minimum=1),
     'total_steps': Key(1000, 'optimizer steps of the run (the schedule spans '
                        'them)', minimum=1),
     # -- the model: the sizes are the tiny row of sizes.SIZES (a preset or

@@ -15,25 +15,35 @@ hook                         used for
 ``init_extra_params(...)``   parameters beside the towers (UniCLIP's heads)
 ``uses_teacher``             keep an EMA teacher in the train state (OTTER)
 ``local_loss(...)``          the loss over tower outputs, dense or per shard
-``make_aux_fn(...)``         extra embeddings for the loss (masked copies,
-                             the teacher's embeddings)
-``make_extra_fn(...)``       extra loss terms over other batch entries
+``aux_inputs(...)``          extra per-row tower inputs (ProLIP's masked
+                             copies: which rows, their masks)
+``aux_towers(...)``          extra tower outputs from them (the masked
+                             copies' embeddings, the teacher's)
+``arrange(...)``             the outputs in the loss's order (ProLIP)
+``make_loss_parts(...)``     the step loss as inputs -> towers -> loss
+                             (default: the three hooks above around the
+                             two towers); ``accum_steps`` splits the middle
 ``make_embed_fn(...)``       towers + aux embeddings (the loss's inputs)
-``make_loss_fn(...)``        the whole step loss (default: towers -> loss)
+``make_loss_fn(...)``        the whole step loss, un-split
 ``update_teacher(...)``      after the optimizer step (OTTER's EMA)
 ``encoders(...)``            the space it is scored in (eval, ``load``)
 ``heldout_metrics(...)``     the objective's own held-out figures (PC-CLIP eq. 2)
 ===========================  ==============================================
 
-The default ``make_loss_fn`` is the two-tower step every image-text objective
-shares: normalise the images, embed images and captions and add the auxiliary
-embeddings (``make_embed_fn``, which ``prolip_jax.aot`` also compiles the loss
-alone over), evaluate the loss (in ``shard_map`` with the blockwise forms when
-the batch is split over devices), add the extra terms.
+The default ``make_loss_parts`` is the two-tower step every image-text
+objective shares, in three parts: ``inputs`` (normalise the images, draw
+whatever is random: parameter-free, on the whole global batch), ``towers``
+(embed images and captions and add the auxiliary embeddings: row by row, so
+it may run on any split of the rows) and ``loss`` (arrange the outputs,
+evaluate the loss in ``shard_map`` with the blockwise forms when the batch
+is split over devices). ``make_loss_fn`` composes them;
+``training.accumulation`` runs the towers micro-batch by micro-batch around
+one evaluation of the loss (``accum_steps``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
@@ -49,6 +59,26 @@ from prolip_jax.losses import GaussianBatch
 Array = jax.Array
 # (params, teacher, batch, rng) -> (loss, metrics)
 LossFn = Callable[[Any, Any, dict, Array], tuple[Array, dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossParts:
+  """A step loss in three parts, so that its towers can run on any split of
+  the batch's rows (``accum_steps``, the GradCache construction) while its
+  loss still sees the whole global batch.
+
+  ``inputs(batch, rng) -> rows``: parameter-free (normalised images, every
+  random draw), on the whole global batch; ``{name: (n, ...)}``, each
+  leading dimension a multiple of the batch shards.
+  ``towers(params, teacher, rows) -> outs``: row-wise (output row i of each
+  array depends on input row i of the rows alone), a pytree of arrays with
+  leading row dimensions.
+  ``loss(params, outs, batch) -> (loss, metrics)``: the objective's loss
+  over the whole batch's ``outs`` (``params`` for its own scalars).
+  """
+  inputs: Callable[[dict, Array], dict]
+  towers: Callable[[Any, Any, dict], Any]
+  loss: Callable[[Any, Any, dict], tuple[Array, dict]]
 
 
 def loss_kwargs(loss_cfg) -> dict[str, Any]:
@@ -119,15 +149,21 @@ class Objective:
   def validate_batch(self, config, batch_shards: int) -> None:
     """Raises ``ValueError`` for a ``config.batch_size`` this objective
     cannot split over ``batch_shards`` devices (checked before any data or
-    tokenizer work): each share must be a multiple of ``batch_multiple``."""
+    tokenizer work): each share must be a multiple of ``batch_multiple``,
+    times ``accum_steps`` (every micro-batch takes its share of them)."""
     multiple = self.batch_multiple(config)
+    accum = int(config.get('accum_steps', 1) or 1)
     local_batch = config.batch_size // batch_shards
-    if local_batch % multiple:
+    if local_batch % (multiple * accum):
+      why = self.batch_multiple_why(config, multiple)
+      if accum > 1:
+        why = (f'must split into accum_steps={accum} equal micro-batches'
+               + (f', each of which {why}' if multiple > 1 else ''))
       raise ValueError(
           f'batch_size {config.batch_size} gives a per-device batch of '
-          f'{local_batch} ({batch_shards} batch shards), which '
-          f'{self.batch_multiple_why(config, multiple)}: choose batch_size '
-          f'a multiple of {multiple * batch_shards}')
+          f'{local_batch} ({batch_shards} batch shards), which {why}: '
+          f'choose batch_size a multiple of '
+          f'{multiple * accum * batch_shards}')
 
   def masked_copies(self, config) -> Optional[dict[str, Any]]:
     """The masked copies this objective embeds besides the batch, for the
@@ -161,7 +197,7 @@ class Objective:
     """``f(img, txt, scale, bias, img_aux, txt_aux) -> (loss, metrics)``.
 
     ``img``/``txt``: ``losses.GaussianBatch`` (logvar None for deterministic
-    towers); ``img_aux``/``txt_aux``: what ``make_aux_fn`` adds, else None.
+    towers); ``img_aux``/``txt_aux``: what ``aux_towers`` adds, else None.
     With ``axis_name`` the arrays are local shards and the function uses the
     blockwise forms; the result is the global-batch loss on every device.
     """
@@ -182,64 +218,109 @@ class Objective:
         self.local_loss(loss_cfg, axis_name=shd.BATCH_AXES), mesh=mesh,
         in_specs=self.shard_specs(), out_specs=P())
 
-  def make_aux_fn(self, model, config, mesh, mask_id: int
-                  ) -> Optional[Callable]:
-    """``aux(model, params, teacher, images, tokens, img, txt, rng) -> (img,
-    txt, img_aux, txt_aux)`` or None: embeddings the loss needs besides the
-    batch's own (may also reorder the batch rows of img and txt)."""
+  def aux_inputs(self, model, config, mesh, mask_id: int
+                 ) -> Optional[Callable[..., dict]]:
+    """``aux(images, tokens, rng) -> {name: (n, ...)}`` or None: parameter-free
+    per-row inputs of ``aux_towers`` drawn on the whole global batch (which
+    rows get masked copies, their patch indices and masked captions), so a
+    split of the rows changes none of them. Every array's leading dimension
+    is a multiple of the batch shards (each device's rows stay its own)."""
     del model, config, mesh, mask_id
     return None
 
-  def make_extra_fn(self, model, config, mesh) -> Optional[Callable]:
-    """``extra(loss, metrics, apply, batch) -> (loss, metrics)`` or None:
-    terms over other batch entries (``apply`` is the bound model apply)."""
-    del model, config, mesh
+  def aux_towers(self, model, config
+                 ) -> Optional[Callable[..., tuple[Any, Any]]]:
+    """``aux(params, teacher, rows) -> (img_aux, txt_aux)`` or None: row-wise
+    embeddings the loss needs besides the batch's own, from ``rows``
+    (``aux_inputs``' arrays and ``images``/``tokens``): output row i
+    depends on input row i only."""
+    del model, config
     return None
+
+  def arrange(self, config, mesh) -> Optional[Callable[..., tuple]]:
+    """``arrange(img, txt, img_aux, txt_aux) -> (img, txt, img_aux,
+    txt_aux)`` or None: the tower outputs in the order ``local_loss`` takes
+    them (ProLIP pairs each shard's masked copies with its first rows)."""
+    del config, mesh
+    return None
+
+  def _rows_fn(self, model, config, mesh, mask_id: int) -> Callable:
+    """``rows_of(images, tokens, rng)``: the default towers' rows, from
+    normalised images (``images``, ``tokens`` and ``aux_inputs``')."""
+    aux_in = self.aux_inputs(model, config, mesh, mask_id)
+
+    def rows_of(images, tokens, rng):
+      rows = {'images': images, 'tokens': tokens}
+      if aux_in is not None:
+        rows.update(aux_in(images, tokens, rng))
+      return rows
+
+    return rows_of
+
+  def make_loss_parts(self, model, config, mesh, mask_id: int) -> LossParts:
+    """The step loss as ``LossParts`` (inputs -> towers -> loss).
+
+    ``batch`` holds ``image`` ``(B, s, s, 3)`` uint8 and ``tokens``
+    ``(B, L)``; the towers' outputs are ``(img, txt, img_aux, txt_aux)``
+    (``GaussianBatch``es, the aux ones None without ``aux_towers``); the
+    metrics always carry ``loss``, ``scale`` (a), ``bias`` (b) and, for
+    Gaussian towers, mean sigma^2 of images and captions.
+    """
+    loss_over = self.loss_over(config.loss, mesh)
+    rows_of = self._rows_fn(model, config, mesh, mask_id)
+    aux_out = self.aux_towers(model, config)
+    arrange = self.arrange(config, mesh)
+    mean, std = config.data.mean, config.data.std
+
+    def inputs(batch, rng):
+      return rows_of(train_images(batch, mean, std), batch['tokens'], rng)
+
+    def towers(params, teacher, rows):
+      apply = functools.partial(model.apply, {'params': params})
+      img = GaussianBatch(*apply(rows['images'], method='encode_image'))
+      txt = GaussianBatch(*apply(rows['tokens'], method='encode_text'))
+      img_aux = txt_aux = None
+      if aux_out is not None:
+        img_aux, txt_aux = aux_out(params, teacher, rows)
+      return img, txt, img_aux, txt_aux
+
+    def loss(params, outs, batch):
+      img, txt, img_aux, txt_aux = outs
+      stats = gaussian_stats(img, txt)
+      if arrange is not None:
+        img, txt, img_aux, txt_aux = arrange(img, txt, img_aux, txt_aux)
+      scale = jnp.exp(params['logit_scale'])
+      bias = params['logit_bias']
+      del batch  # (an objective's extra terms read it: PC-CLIP's pairs)
+      value, metrics = loss_over(img, txt, scale, bias, img_aux, txt_aux)
+      return value, dict(metrics, scale=scale, bias=bias, **stats)
+
+    return LossParts(inputs, towers, loss)
 
   def make_embed_fn(self, model, config, mesh, mask_id: int) -> Callable:
     """``embed(params, teacher, images, tokens, rng) -> (img, txt, img_aux,
     txt_aux)``: the batch's tower outputs (``GaussianBatch``es) and what
-    ``make_aux_fn`` adds (else None), i.e. the arguments of ``local_loss``
-    besides scale and bias. ``images`` are normalised floats."""
-    aux = self.make_aux_fn(model, config, mesh, mask_id)
+    ``aux_towers`` adds (else None), arranged: the arguments of
+    ``local_loss`` besides scale and bias. ``images`` are normalised
+    floats."""
+    rows_of = self._rows_fn(model, config, mesh, mask_id)
+    parts = self.make_loss_parts(model, config, mesh, mask_id)
+    arrange = self.arrange(config, mesh)
 
     def embed(params, teacher, images, tokens, rng):
-      apply = functools.partial(model.apply, {'params': params})
-      img = GaussianBatch(*apply(images, method='encode_image'))
-      txt = GaussianBatch(*apply(tokens, method='encode_text'))
-      img_aux = txt_aux = None
-      if aux is not None:
-        img, txt, img_aux, txt_aux = aux(model, params, teacher, images,
-                                         tokens, img, txt, rng)
-      return img, txt, img_aux, txt_aux
+      outs = parts.towers(params, teacher, rows_of(images, tokens, rng))
+      return outs if arrange is None else arrange(*outs)
 
     return embed
 
   def make_loss_fn(self, model, config, mesh, mask_id: int) -> LossFn:
-    """``loss_fn(params, teacher, batch, rng) -> (loss, metrics)``.
-
-    ``batch`` holds ``image`` ``(B, s, s, 3)`` uint8 and ``tokens``
-    ``(B, L)``; the metrics always carry ``loss``, ``scale`` (a), ``bias``
-    (b) and, for Gaussian towers, mean sigma^2 of images and captions.
-    """
-    loss_over = self.loss_over(config.loss, mesh)
-    embed = self.make_embed_fn(model, config, mesh, mask_id)
-    extra = self.make_extra_fn(model, config, mesh)
-    mean, std = config.data.mean, config.data.std
+    """``loss_fn(params, teacher, batch, rng) -> (loss, metrics)``: the
+    ``make_loss_parts`` composed on the whole batch."""
+    parts = self.make_loss_parts(model, config, mesh, mask_id)
 
     def loss_fn(params, teacher, batch, rng):
-      images = train_images(batch, mean, std)
-      img, txt, img_aux, txt_aux = embed(params, teacher, images,
-                                         batch['tokens'], rng)
-      scale = jnp.exp(params['logit_scale'])
-      bias = params['logit_bias']
-      loss, metrics = loss_over(img, txt, scale, bias, img_aux, txt_aux)
-      if extra is not None:
-        apply = functools.partial(model.apply, {'params': params})
-        loss, metrics = extra(loss, metrics, apply, batch)
-      metrics = dict(metrics, scale=scale, bias=bias,
-                     **gaussian_stats(img, txt))
-      return loss, metrics
+      outs = parts.towers(params, teacher, parts.inputs(batch, rng))
+      return parts.loss(params, outs, batch)
 
     return loss_fn
 

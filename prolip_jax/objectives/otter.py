@@ -60,18 +60,17 @@ class OTTERObjective(Objective):
                                   axis_name, **kwargs, **lv)
     return otter
 
-  def make_aux_fn(self, model, config, mesh, mask_id: int):
-    del config, mesh, mask_id
+  def aux_towers(self, model, config):
+    del config
 
-    def teacher_embeddings(model, params, teacher, images, tokens, img, txt,
-                           rng):
-      del params, rng
+    def teacher_embeddings(params, teacher, rows):
+      del params
       # Targets come from the EMA teacher, not from gradients.
       apply_t = functools.partial(model.apply,
                                   {'params': jax.lax.stop_gradient(teacher)})
-      img_t = GaussianBatch(*apply_t(images, method='encode_image'))
-      txt_t = GaussianBatch(*apply_t(tokens, method='encode_text'))
-      return img, txt, img_t, txt_t
+      img_t = GaussianBatch(*apply_t(rows['images'], method='encode_image'))
+      txt_t = GaussianBatch(*apply_t(rows['tokens'], method='encode_text'))
+      return img_t, txt_t
 
     return teacher_embeddings
 

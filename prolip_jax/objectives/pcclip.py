@@ -11,6 +11,7 @@ The loop's held-out evaluation adds its difference-based classification
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -25,6 +26,7 @@ from prolip_jax.data import pairs
 from prolip_jax.data import pipeline
 from prolip_jax.embedding import normalize_images
 from prolip_jax.losses import difference_alignment_loss
+from prolip_jax.objectives.base import LossParts
 from prolip_jax.objectives.clip import CLIPObjective
 
 # Fields of config.loss that PC-CLIP reads.
@@ -52,12 +54,26 @@ def pcclip_pair_loss(encode_image: Callable, encode_text: Callable,
     'pcclip_diff_acc': ...}``; the accuracy is eq. 2 with T = T_ij itself (a
     cheap training-time signal, chance 50%).
   """
-  b = batch['pair_image_i'].shape[0]
+  return pair_term(*embed_pairs(encode_image, encode_text,
+                                batch['pair_image_i'], batch['pair_image_j'],
+                                batch['pair_tokens']), loss_cfg, mesh)
+
+
+def embed_pairs(encode_image: Callable, encode_text: Callable,
+                image_i: jax.Array, image_j: jax.Array, tokens: jax.Array
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(g_i, g_j, f)``, each ``(B, d)``: both images of each pair and its
+  difference text embedded (row-wise: row k depends on the pair k alone)."""
+  b = image_i.shape[0]
   # One image forward pass for both sides of the pairs.
-  g = encode_image(jnp.concatenate([batch['pair_image_i'],
-                                    batch['pair_image_j']]))
-  g_i, g_j = g[:b], g[b:]
-  f = encode_text(batch['pair_tokens'])
+  g = encode_image(jnp.concatenate([image_i, image_j]))
+  return g[:b], g[b:], encode_text(tokens)
+
+
+def pair_term(g_i: jax.Array, g_j: jax.Array, f: jax.Array, loss_cfg,
+              mesh=None) -> tuple[jax.Array, dict]:
+  """Eq. 1's term and its metrics (``pcclip_pair_loss``) over the pair
+  batch's embeddings ``(B, d)`` each."""
   kwargs = dict(scale=1.0 / loss_cfg.pcclip_tau,
                 squared=bool(loss_cfg.pcclip_squared))
   if mesh is None or shd.num_batch_shards(mesh) == 1:
@@ -158,20 +174,38 @@ class PCCLIPObjective(CLIPObjective):
                                       image_size, process_index,
                                       process_count)
 
-  def make_extra_fn(self, model, config, mesh):
-    del model
+  def make_loss_parts(self, model, config, mesh, mask_id: int):
+    """CLIP's parts plus the pair batch: its images and difference texts
+    are rows of the towers too (split like the pairs by ``accum_steps``),
+    eq. 1's term is added in the loss."""
+    clip = super().make_loss_parts(model, config, mesh, mask_id)
     loss_cfg = config.loss
     mean, std = config.data.mean, config.data.std
 
-    def add_pair_loss(loss, metrics, apply, batch):
-      term, extra = pcclip_pair_loss(
-          lambda x: apply(normalize_images(x, mean, std),
-                          method='encode_image')[0],
-          lambda t: apply(t, method='encode_text')[0], batch, loss_cfg, mesh)
-      loss = loss + loss_cfg.pcclip_weight * term
-      return loss, dict(metrics, **extra, loss=loss)
+    def inputs(batch, rng):
+      return dict(clip.inputs(batch, rng),
+                  pair_image_i=normalize_images(batch['pair_image_i'],
+                                                mean, std),
+                  pair_image_j=normalize_images(batch['pair_image_j'],
+                                                mean, std),
+                  pair_tokens=batch['pair_tokens'])
 
-    return add_pair_loss
+    def towers(params, teacher, rows):
+      apply = functools.partial(model.apply, {'params': params})
+      pairs_out = embed_pairs(
+          lambda x: apply(x, method='encode_image')[0],
+          lambda t: apply(t, method='encode_text')[0], rows['pair_image_i'],
+          rows['pair_image_j'], rows['pair_tokens'])
+      return clip.towers(params, teacher, rows), pairs_out
+
+    def loss(params, outs, batch):
+      clip_outs, pairs_out = outs
+      value, metrics = clip.loss(params, clip_outs, batch)
+      term, extra = pair_term(*pairs_out, loss_cfg, mesh)
+      value = value + loss_cfg.pcclip_weight * term
+      return value, dict(metrics, **extra, loss=value)
+
+    return LossParts(inputs, towers, loss)
 
   def heldout_metrics(self, embed_images, embed_texts, image_size: int):
     return difference_classification_digits(embed_images, embed_texts,

@@ -85,34 +85,62 @@ class ProLIPObjective(Objective):
 
   def masked_copies(self, config) -> dict:
     """``config.masking``: every ``1/fraction``-th pair embedded again
-    (``make_aux_fn``)."""
+    (``aux_inputs``, ``aux_towers``)."""
     return dict(config.masking)
 
-  def make_aux_fn(self, model, config, mesh, mask_id: int):
+  def aux_inputs(self, model, config, mesh, mask_id: int):
+    """Rows 0, stride, 2*stride, ... of the global batch (each device's
+    every stride-th: the same set for any number of devices), with their
+    kept patch indices and masked captions, all drawn here on the whole
+    batch: ``masked_images (B/stride, s, s, 3)``, ``keep (B/stride, k)``,
+    ``masked_tokens (B/stride, L)``."""
     stride = masking_stride(config.masking.fraction)
     if not stride:
       return None
-    shards = shd.num_batch_shards(mesh)
-    self.validate_batch(config, shards)
+    self.validate_batch(config, shd.num_batch_shards(mesh))
     model_cfg = model.config
-    reorder = functools.partial(strided_rows_first, shards=shards,
-                                stride=stride)
 
-    def masked_copies(model, params, teacher, images, tokens, img, txt, rng):
-      del teacher
-      apply = functools.partial(model.apply, {'params': params})
+    def masked_rows(images, tokens, rng):
       rng_img, rng_txt = jax.random.split(rng)
       masked_images = strided_rows(images, stride)
       keep = masking.random_keep_indices(
           rng_img, masked_images.shape[0], model_cfg.num_patches,
           config.masking.image_keep_ratio)
-      img_aux = GaussianBatch(*apply(masked_images, keep,
-                                     method='encode_image'))
       masked_tokens = masking.mask_text_tokens(
           rng_txt, strided_rows(tokens, stride), mask_id,
           model_cfg.text.pad_id, config.masking.text_mask_prob)
-      txt_aux = GaussianBatch(*apply(masked_tokens, method='encode_text'))
+      return {'masked_images': masked_images, 'keep': keep,
+              'masked_tokens': masked_tokens}
+
+    return masked_rows
+
+  def aux_towers(self, model, config):
+    if not masking_stride(config.masking.fraction):
+      return None
+
+    def masked_copies(params, teacher, rows):
+      del teacher
+      apply = functools.partial(model.apply, {'params': params})
+      img_aux = GaussianBatch(*apply(rows['masked_images'], rows['keep'],
+                                     method='encode_image'))
+      txt_aux = GaussianBatch(*apply(rows['masked_tokens'],
+                                     method='encode_text'))
+      return img_aux, txt_aux
+
+    return masked_copies
+
+  def arrange(self, config, mesh):
+    """Each shard's strided rows first (``strided_rows_first``), so row i of
+    its masked copies meets row i of its shard."""
+    stride = masking_stride(config.masking.fraction)
+    if not stride:
+      return None
+    reorder = functools.partial(strided_rows_first,
+                                shards=shd.num_batch_shards(mesh),
+                                stride=stride)
+
+    def first(img, txt, img_aux, txt_aux):
       return (jax.tree.map(reorder, img), jax.tree.map(reorder, txt),
               img_aux, txt_aux)
 
-    return masked_copies
+    return first

@@ -39,6 +39,7 @@ from prolip_jax.data import transforms
 from prolip_jax.embedding import train_images
 from prolip_jax.losses import uniclip as uniclip_loss
 from prolip_jax.models import heads as heads_lib
+from prolip_jax.objectives.base import LossParts
 from prolip_jax.objectives.base import Objective
 
 Array = jax.Array
@@ -237,31 +238,40 @@ class UniCLIPObjective(Objective):
     batch = P(shd.BATCH_AXES)
     return (batch, batch, P(), P())
 
-  def make_loss_fn(self, model, config, mesh, mask_id: int):
+  def make_loss_parts(self, model, config, mesh, mask_id: int):
     """``batch`` holds ``image (B, V, s, s, 3)`` uint8, ``aug (B, V,
-    AUG_DIM)`` and ``tokens (B, L)``. Metrics: the loss, its three
-    domain-pair parts, tau_D and b_D, and, for the log line, ``scale`` =
-    1 / tau_IT and ``bias`` = b_IT (the image-text analogues of a and b)."""
+    AUG_DIM)`` and ``tokens (B, L)``; the towers' outputs are the head
+    embeddings ``(z_views (B, V, E), z_txt (B, E))``. Metrics: the loss,
+    its three domain-pair parts, tau_D and b_D, and, for the log line,
+    ``scale`` = 1 / tau_IT and ``bias`` = b_IT (the image-text analogues
+    of a and b)."""
     del mask_id
     loss_over = self.loss_over(config.loss, mesh)
     min_tau = 1.0 / config.optim.max_logit_scale
 
-    def loss_fn(params, teacher, batch, rng):
-      # Nothing random on device (the views come from the pipeline).
-      del teacher, rng
-      images = train_images(batch, config.data.mean, config.data.std)
-      z_views, z_txt = embed(model, params, config, images, batch['aug'],
-                             batch['tokens'])
+    def inputs(batch, rng):
+      del rng  # nothing random on device (the views come from the pipeline)
+      return {'images': train_images(batch, config.data.mean,
+                                     config.data.std),
+              'aug': batch['aug'], 'tokens': batch['tokens']}
+
+    def towers(params, teacher, rows):
+      del teacher
+      return embed(model, params, config, rows['images'], rows['aug'],
+                   rows['tokens'])
+
+    def loss(params, outs, batch):
+      del batch
       tau, offset = domain_scalars(params[PARAMS_KEY], min_tau)
-      loss, metrics = loss_over(z_views, z_txt, tau, offset)
+      value, metrics = loss_over(*outs, tau, offset)
       for k, name in enumerate(('ii', 'it', 'tt')):
         metrics[f'tau_{name}'] = tau[k]
         metrics[f'offset_{name}'] = offset[k]
       metrics['scale'] = 1.0 / tau[uniclip_loss.IT]
       metrics['bias'] = offset[uniclip_loss.IT]
-      return loss, metrics
+      return value, metrics
 
-    return loss_fn
+    return LossParts(inputs, towers, loss)
 
   def encoders(self, model, params, config):
     """Into the shared head space, unit-normalised, logvar None.

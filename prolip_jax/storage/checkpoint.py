@@ -76,6 +76,26 @@ def checkpoint_dir(workdir) -> str:
   return str(Workdir.of(workdir).checkpoints)
 
 
+class _Manager(ocp.CheckpointManager):
+  """Orbax's manager, minus its own look at JAX's preemption sync point.
+
+  Orbax asks ``multihost_utils.reached_preemption_sync_point(step)`` when a
+  save starts and again in its background finalize thread, passing the
+  checkpoint's step. That call sets the sync manager's "current call
+  counter", which the training loop's ``progress.StopFlag`` owns (it passes
+  its own count after every step). A finalize thread setting it back to an
+  older checkpoint's step, just as a preemption notice arrives, makes the
+  hosts agree on a sync point one of them has already passed: that host
+  trains on while the others stop and wait for it in the checkpoint's
+  barrier. The loop decides every save itself (``force=True`` at a stop),
+  so Orbax never needs the answer.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 def manager(workdir, max_to_keep: Optional[int] = 3,
             save_interval_steps: int = 1, read_only: bool = False
             ) -> ocp.CheckpointManager:
@@ -91,8 +111,8 @@ def manager(workdir, max_to_keep: Optional[int] = 3,
   # about the others.
   handlers = {name: ocp.StandardCheckpointHandler() for name in ARRAY_ITEMS}
   handlers['meta'] = ocp.JsonCheckpointHandler()
-  return ocp.CheckpointManager(Workdir.of(workdir).checkpoints,
-                               options=options, item_handlers=handlers)
+  return _Manager(Workdir.of(workdir).checkpoints, options=options,
+                  item_handlers=handlers)
 
 
 def _leaf_checksum(x: jax.Array) -> jax.Array:

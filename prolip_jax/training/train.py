@@ -50,6 +50,7 @@ from prolip_jax.objectives.base import Objective
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
 from prolip_jax.storage.workdir import Workdir
+from prolip_jax.training import accumulation
 from prolip_jax.training import loop_evals
 from prolip_jax.training import loop_report
 from prolip_jax.training import progress
@@ -91,23 +92,21 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   (resolved here when None).
   """
   objective = _resolve(config, objective)
-  loss_fn = objective.make_loss_fn(model, config, mesh, mask_id)
+  value_and_grad = accumulation.value_and_grad(
+      objective.make_loss_parts(model, config, mesh, mask_id),
+      config_keys.get(config, 'accum_steps'), mesh)
   max_log_scale = math.log(config.optim.max_logit_scale)
   nan_steps = tuple(config_keys.get(config, 'debug_nan_steps'))
 
-  def loss_at(params, teacher, batch, rng, step):
-    loss, metrics = loss_fn(params, teacher, batch, rng)
-    if nan_steps:  # fault injection for tests: these steps' loss becomes NaN
-      poison = jnp.where(jnp.isin(step + 1, jnp.asarray(nan_steps)),
-                         jnp.nan, 1.0)
-      loss, metrics = loss * poison, dict(metrics,
-                                          loss=metrics['loss'] * poison)
-    return loss, metrics
-
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
-    grads, metrics = jax.grad(loss_at, has_aux=True)(
-        state.params, state.teacher, batch, rng, state.step)
+    (_, metrics), grads = value_and_grad(state.params, state.teacher, batch,
+                                         rng)
+    if nan_steps:  # fault injection for tests: these steps become NaN
+      poison = jnp.where(jnp.isin(state.step + 1, jnp.asarray(nan_steps)),
+                         jnp.nan, 1.0)
+      metrics = dict(metrics, loss=metrics['loss'] * poison)
+      grads = jax.tree.map(lambda g: g * poison, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     # As in the release: keep the temperature a = exp(log a) within [1, 100].
