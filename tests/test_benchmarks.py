@@ -52,7 +52,7 @@ def test_compile_time_state_is_the_runs(name):
   assert (jax.tree.structure(state) == jax.tree.structure(run_state))
   assert _shapes(state) == _shapes(run_state)
   assert ('uniclip' in state.params) == (name == 'uniclip')
-  assert (state.teacher is not None) == (name == 'otter')
+  assert (state.ema is not None) == (name == 'otter')
   if name == 'uniclip':  # the views of a multi-view batch
     assert batch['image'].ndim == 5
 

@@ -24,7 +24,7 @@ from prolip_jax.losses import pcclip
 from prolip_jax.losses import pcme
 from prolip_jax.losses import uniclip
 from prolip_jax.models import heads
-from prolip_jax.objectives import otter as otter_objective
+from prolip_jax.training import optimizer
 from prolip_jax.objectives import uniclip as uniclip_objective
 
 
@@ -318,7 +318,7 @@ def test_ema_update():
              'b': {'c': jnp.full((2,), 2.0, jnp.bfloat16)}}
   student = {'w': jnp.zeros((3,), jnp.float32),
              'b': {'c': jnp.full((2,), 4.0, jnp.bfloat16)}}
-  out = otter_objective.ema_update(teacher, student, decay=0.9)
+  out = optimizer.ema_update(teacher, student, decay=0.9)
   np.testing.assert_allclose(out['w'], 0.9, rtol=1e-7)
   np.testing.assert_allclose(np.asarray(out['b']['c'], np.float32), 2.2,
                              rtol=1e-2)

@@ -188,8 +188,7 @@ def test_loss_defaults_are_the_papers_numbers_written_once():
             'loss.c': 1000.0, 'loss.eps': -20.0, 'loss.otter.alpha': 0.5,
             'loss.otter.lam': 0.15, 'loss.otter.n_iter': 5,
             'loss.otter.gamma_v': 1.0, 'loss.otter.gamma_t': 1.0,
-            'loss.otter.eta': 100.0, 'loss.otter.ema_decay': 0.999,
-            'loss.pcclip_tau': 1.0}
+            'loss.otter.eta': 100.0, 'loss.pcclip_tau': 1.0}
   for key, value in papers.items():
     assert config_keys.default(key) == value, key
 
@@ -204,8 +203,12 @@ def test_loss_defaults_are_the_papers_numbers_written_once():
       assert default(fn, arg) == papers['loss.otter.' + arg], (fn, arg)
   assert default(pcclip.difference_alignment_loss, 'scale') == (
       1 / papers['loss.pcclip_tau'])
-  assert default(otter_objective.ema_update, 'decay') == (
-      papers['loss.otter.ema_decay'])
+  # OTTER's teacher decay is the run's optim.ema_decay: the paper's value
+  # is cited by OTTER's refusal of a run without one.
+  without = presets.tiny_demo_config('otter')
+  without.optim.ema_decay = 0.0
+  with pytest.raises(ValueError, match=r'optim.ema_decay.*the paper: 0.999'):
+    otter_objective.OTTERObjective().validate(without)
   pcme = presets.tiny_demo_config('pcme').model
   assert (pcme.init_logit_scale, pcme.init_logit_bias) == (5.0, 5.0) == (
       paper.PCME_SCALE_INIT, paper.PCME_BIAS_INIT)

@@ -81,7 +81,7 @@ def export(workdir: str, out: str, step: Optional[int] = None,
   from prolip_jax.models.prolip import ModelConfig
   # pylint: enable=g-import-not-at-top
 
-  params, meta = checkpoint.load_params(workdir, step)
+  params, meta = checkpoint.load_params(workdir, step, item='scored')
   run_cfg = meta.get('config') or {}
   objective = run_cfg.get('objective', 'prolip')
   if not objectives.get(objective).exportable:

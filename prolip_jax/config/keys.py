@@ -172,8 +172,6 @@ KEYS: dict[str, Key] = {
                               'text-text similarity'),
     'loss.otter.eta': Key(paper.OTTER_ETA, 'OTTER: diagonal penalty of the '
                           'targets'),
-    'loss.otter.ema_decay': Key(paper.OTTER_EMA_DECAY, 'OTTER: EMA decay m of '
-                                'the teacher'),
     'loss.pcclip_weight': Key(1.0, 'PC-CLIP: weight of eq. 1', added_by=
                               'pcclip'),
     'loss.pcclip_tau': Key(paper.PCCLIP_TAU, 'PC-CLIP: tau of eq. 4 '
@@ -208,6 +206,13 @@ KEYS: dict[str, Key] = {
     'optim.unc_lr_mult': Key(1.0, 'learning-rate multiplier of the [UNC] '
                              'tokens and uncertainty heads (1: paper)',
                              OPTIMIZER_TREE),
+    # May change on resume: turned on, the average starts from the restored
+    # parameters (a notice says so); turned off, it is dropped.
+    'optim.ema_decay': Key(0.0, 'decay m of an exponential moving average '
+                           'of the parameters, kept in the train state and '
+                           'saved with it (0: none); the evaluators score it; '
+                           f'OTTER distils from it (paper m = '
+                           f'{paper.OTTER_EMA_DECAY})'),
     # -- data
     'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
     'data.split': Key('train', 'split of a bundled source (digits, emoji): '

@@ -21,7 +21,7 @@ OTTER_ITERS = 5  # Sinkhorn iterations
 OTTER_GAMMA_V = 1.0  # weight of the teacher's image-image similarity
 OTTER_GAMMA_T = 1.0  # weight of the teacher's text-text similarity
 OTTER_ETA = 100.0  # diagonal penalty of the targets
-OTTER_EMA_DECAY = 0.999  # of the teacher (objectives.otter.ema_update)
+OTTER_EMA_DECAY = 0.999  # of the teacher (OTTER's optim.ema_decay)
 
 # PC-CLIP (Sam et al.), appendix C.1: temperature of the contrastive loss.
 PCCLIP_TAU = 1.0

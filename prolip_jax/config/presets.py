@@ -145,9 +145,10 @@ def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
     c.model.init_logit_scale = paper.PCME_SCALE_INIT
     c.model.init_logit_bias = paper.PCME_BIAS_INIT
   if objective == 'otter':
-    # The paper's 0.999 suits long runs; over the demo's 600 steps it would
-    # leave the teacher at about half its random init.
-    c.loss.otter.ema_decay = 0.99
+    # The teacher is the run's EMA. The paper's 0.999 suits long runs; over
+    # the demo's 600 steps it would leave the teacher at about half its
+    # random init.
+    c.optim.ema_decay = 0.99
   c.batch_size = 128
   c.total_steps = 600
   c.optim.lr = 1e-3

@@ -214,7 +214,7 @@ def load(path: str, step: Optional[int] = None,
   if not workdir.has_checkpoints() and (
       workdir.root / file_names.CONFIG_FILE).is_file():
     return load_snapshot(path, tokenizer=tokenizer)
-  params, meta = checkpoint.load_params(workdir, step)
+  params, meta = checkpoint.load_params(workdir, step, item='scored')
   model_cfg = ModelConfig.from_config(meta['model'])
   run_cfg = meta.get('config', {})
   data = run_cfg.get('data', {})

@@ -29,7 +29,8 @@ Both a dense form (one device holds the batch) and a blockwise form (inside
 ``shard_map``; never more than one ``b_local x b_local`` block of any B x B
 matrix per device, on the device ring of ``prolip_jax.losses.ring``) are
 provided; see ``otter_loss_blockwise``. The EMA teacher itself (section 3.4)
-is the objective's: ``prolip_jax.objectives.otter.ema_update``.
+is the run's moving average of the parameters (``optim.ema_decay``,
+``prolip_jax.training.optimizer.ema_update``).
 
 Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
 float32, float64 inputs give float64.

@@ -13,7 +13,7 @@ hook                         used for
 ``extend_corpus(corpus)``    extra tokenizer-training text (PC-CLIP)
 ``wrap_dataset(...)``        extra batch entries (PC-CLIP's difference pairs)
 ``init_extra_params(...)``   parameters beside the towers (UniCLIP's heads)
-``uses_teacher``             keep an EMA teacher in the train state (OTTER)
+``uses_teacher``             the towers get the parameters' EMA (OTTER)
 ``local_loss(...)``          the loss over tower outputs, dense or per shard
 ``aux_inputs(...)``          extra per-row tower inputs (ProLIP's masked
                              copies: which rows, their masks)
@@ -25,7 +25,6 @@ hook                         used for
                              two towers); ``accum_steps`` splits the middle
 ``make_embed_fn(...)``       towers + aux embeddings (the loss's inputs)
 ``make_loss_fn(...)``        the whole step loss, un-split
-``update_teacher(...)``      after the optimizer step (OTTER's EMA)
 ``encoders(...)``            the space it is scored in (eval, ``load``)
 ``heldout_metrics(...)``     the objective's own held-out figures (PC-CLIP eq. 2)
 ===========================  ==============================================
@@ -110,7 +109,9 @@ class Objective:
 
   Subclasses set ``name`` and implement ``local_loss``; class attributes
   ``needs_unc`` (the loss needs [UNC] variances: ``model.use_unc=True``),
-  ``uses_teacher`` (keep an EMA teacher in the train state),
+  ``uses_teacher`` (the towers get the train state's moving average of the
+  parameters, ``optim.ema_decay``, as ``teacher``; the evaluators then
+  score the parameters themselves),
   ``multi_view`` (several augmented views per image, ``data.num_views``) and
   ``exportable`` (the towers alone are the scoring model, so the PyTorch
   export is complete).
@@ -323,11 +324,6 @@ class Objective:
       return parts.loss(params, outs, batch)
 
     return loss_fn
-
-  def update_teacher(self, config, teacher, params):
-    """The teacher after an optimizer step (default: unchanged)."""
-    del config, params
-    return teacher
 
   # -- evaluation -----------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """OTTER (Wu et al., 2021): InfoNCE against Sinkhorn soft targets computed
 from an EMA teacher (section 3.4, Algorithm 2).
 
-The teacher lives in the train state (``uses_teacher``), embeds the same
-batch without gradients, and follows the student after every optimizer step:
-theta~ <- m theta~ + (1 - m) theta with m = ``loss.otter.ema_decay``.
+The teacher is the run's moving average of the parameters (``uses_teacher``:
+``optim.ema_decay`` = m > 0, the train state's ``ema``, updated after every
+optimizer step as theta~ <- m theta~ + (1 - m) theta by the generic loop); it
+embeds the same batch without gradients.
 """
 
 from __future__ import annotations
@@ -12,25 +13,13 @@ import functools
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 
+from prolip_jax.config import keys as config_keys
 from prolip_jax.config.paper import OTTER_EMA_DECAY
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import otter_loss
 from prolip_jax.losses import otter_loss_blockwise
 from prolip_jax.objectives.base import Objective
-
-
-def ema_update(teacher_params: Any, student_params: Any,
-               decay: float = OTTER_EMA_DECAY) -> Any:
-  """theta~ <- m theta~ + (1 - m) theta (section 3.4), leaf by leaf.
-
-  Keeps each teacher leaf's dtype. Pytrees must have the same structure
-  (the parameter tree of the towers, each leaf any shape).
-  """
-  return jax.tree.map(
-      lambda t, s: (decay * t + (1.0 - decay) * s).astype(jnp.asarray(t).dtype),
-      teacher_params, student_params)
 
 
 def otter_kwargs(loss_cfg) -> dict[str, Any]:
@@ -46,6 +35,15 @@ class OTTERObjective(Objective):
 
   name = 'otter'
   uses_teacher = True
+
+  def validate(self, config) -> None:
+    super().validate(config)
+    decay = float(config_keys.get(config, 'optim.ema_decay'))
+    if not 0 < decay < 1:
+      raise ValueError(
+          "objective 'otter' distils from a moving average of the "
+          f'parameters: set optim.ema_decay in (0, 1) (the paper: '
+          f'{OTTER_EMA_DECAY}; the tiny demo: 0.99), got {decay}')
 
   def local_loss(self, loss_cfg, axis_name: Optional[Any] = None):
     kwargs = otter_kwargs(loss_cfg)
@@ -73,6 +71,3 @@ class OTTERObjective(Objective):
       return img_t, txt_t
 
     return teacher_embeddings
-
-  def update_teacher(self, config, teacher, params):
-    return ema_update(teacher, params, config.loss.otter.ema_decay)

@@ -3,8 +3,10 @@
 Layout: ``WORKDIR/checkpoints/<step>/`` holds three Orbax items:
 ``params`` (the model parameters), ``opt_state`` (optax state) and ``meta``
 (JSON: the step, the full run config and the model config), so a single
-checkpoint directory is enough to rebuild the model. Objectives with an EMA
-teacher (OTTER) add a fourth item, ``teacher`` (parameters like ``params``).
+checkpoint directory is enough to rebuild the model. Runs that keep a moving
+average of the parameters (``optim.ema_decay``; OTTER's teacher) add a fourth
+item, ``teacher`` (parameters like ``params``; its name from when OTTER's
+teacher was its only use, kept so that older checkpoints read).
 The sentencepiece model a run uses is copied to ``WORKDIR/tokenizer.model``;
 each checkpoint's meta records its sha256 and vocabulary size
 (``tokenizer_meta``), and resuming, loading, evaluating or exporting with
@@ -45,6 +47,10 @@ CHECKPOINT_DIR = workdir_lib.CHECKPOINT_DIR
 UNREADABLE_DIR = workdir_lib.UNREADABLE_DIR
 TOKENIZER_FILE = file_names.TOKENIZER_MODEL  # the workdir's tokenizer
 ARRAY_ITEMS = ('params', 'opt_state', 'teacher')
+# The meta key naming the parameter tree to score: 'params', or 'teacher'
+# when the run's moving average (optim.ema_decay) is its evaluated model.
+# ``load_params(item='scored')`` reads that one (older checkpoints: params).
+SCORED = 'scored_item'
 
 
 class ChecksumError(ValueError):
@@ -165,7 +171,8 @@ def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
          teacher: Optional[Any] = None) -> bool:
   """Saves (asynchronously) one checkpoint; returns whether it was written.
 
-  ``teacher``: EMA-teacher parameters (OTTER), saved as their own item.
+  ``teacher``: the moving average of the parameters (``optim.ema_decay``;
+  OTTER's teacher), saved as its own item.
   Parameters with a NaN or infinity are not written (a warning says so):
   a checkpoint is a model worth resuming from.
   """
@@ -496,9 +503,11 @@ def load_params(workdir, step: Optional[int] = None,
 
   No optimizer state is read. ``step`` defaults to the newest step that
   reads (an unreadable newer one is reported and skipped); ``item``
-  'teacher' reads an OTTER run's EMA teacher instead of the student. Raises
+  'teacher' reads the run's moving average of the parameters
+  (``optim.ema_decay``; OTTER's teacher) instead of the parameters,
+  'scored' whichever of the two the run evaluated (``SCORED``). Raises
   ``FileNotFoundError`` with the path when there is no checkpoint (or no
-  teacher in it).
+  moving average in it).
   """
   if not Workdir.of(workdir).has_checkpoints():
     raise FileNotFoundError(f'no checkpoints under {checkpoint_dir(workdir)}')
@@ -513,11 +522,12 @@ def load_params(workdir, step: Optional[int] = None,
 
     def read(step):
       meta = read_meta(mngr, step)
-      if item == 'teacher' and not meta.get('has_teacher', False):
+      name = meta.get(SCORED, 'params') if item == 'scored' else item
+      if name == 'teacher' and not meta.get('has_teacher', False):
         raise FileNotFoundError(f'checkpoint {step} under '
-                                f'{checkpoint_dir(workdir)} has no EMA '
-                                'teacher')
-      abstract = mngr.item_metadata(step)[item]
+                                f'{checkpoint_dir(workdir)} has no moving '
+                                'average of the parameters (optim.ema_decay)')
+      abstract = mngr.item_metadata(step)[name]
       # Restore onto the local default device whatever sharding it was saved
       # with, so a pod checkpoint opens on a laptop.
       sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -525,8 +535,8 @@ def load_params(workdir, step: Optional[int] = None,
           lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
           abstract)
       params = mngr.restore(step, args=ocp.args.Composite(
-          **{item: ocp.args.StandardRestore(target)}))[item]
-      verify({item: params}, meta)
+          **{name: ocp.args.StandardRestore(target)}))[name]
+      verify({name: params}, meta)
       return params, meta
 
     if step is not None:

@@ -23,6 +23,7 @@ from prolip_jax.evaluation.report import evaluator_line
 from prolip_jax.evaluation.report import heldout_line
 from prolip_jax.storage import paths
 from prolip_jax.storage.workdir import Workdir
+from prolip_jax.training import optimizer
 
 
 class LoopEvaluations:
@@ -48,6 +49,10 @@ class LoopEvaluations:
         config.get('evals'), self.encoders,
         config_keys.get(config, 'eval.tfds_data_dir'))
     self.writer, self.workdir, self.is_chief = writer, workdir, is_chief
+    # The model scored: the moving average when the run keeps one for it.
+    self.scored = ((lambda state: state.ema)
+                   if optimizer.evaluates_ema(config, objective)
+                   else (lambda state: state.params))
     self.status = status
     self.unavailable: dict[str, str] = {}
 
@@ -88,7 +93,8 @@ class LoopEvaluations:
           stop: Callable[[], bool] = lambda: False,
           write: Optional[set[str]] = None) -> dict[str, float]:
     """The evaluators due at ``step`` (all due ones when ``only`` is None;
-    else the names in ``only``), on the train state's parameters where
+    else the names in ``only``), on the train state's parameters (its
+    moving average with ``optim.ema_decay``, OTTER's teacher aside) where
     they lie; writes the metrics of those in ``write`` (default all run) as
     ``<name>/<metric>`` and their JSON files to ``WORKDIR/evals/step_N``.
     When ``stop()`` turns true the rest are left (a resumed run finds them
@@ -106,7 +112,7 @@ class LoopEvaluations:
           break
         keep = write is None or e.name in write
         self.status(f'Evaluator {e.name} at step {step}')
-        found = e.run(state.params, out_dir if keep else '',
+        found = e.run(self.scored(state), out_dir if keep else '',
                       self.status).metrics
         if e.kind == 'heldout':
           if not final:  # the final figures are in the run's summary

@@ -1,6 +1,7 @@
 """The optimizer: AdamW on a warm-up + cosine schedule, weight decay on
 matrices only, an optional global-norm clip and an optional learning-rate
-multiplier for the uncertainty parameters (paper 4.1, B.1)."""
+multiplier for the uncertainty parameters (paper 4.1, B.1); the moving
+average of the parameters (``optim.ema_decay``)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,24 @@ def make_optimizer(optim, total_steps: int
   if optim.grad_clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip), tx)
   return tx, schedule
+
+
+def keeps_ema(config) -> bool:
+  """Whether the train state keeps a moving average of the parameters
+  (``optim.ema_decay`` > 0)."""
+  return float(config_keys.get(config, 'optim.ema_decay')) > 0
+
+
+def ema_update(ema: Any, params: Any, decay: float) -> Any:
+  """theta~ <- m theta~ + (1 - m) theta, leaf by leaf (OTTER's section 3.4
+  teacher update; the usual weight EMA), in each average leaf's dtype."""
+  return jax.tree.map(
+      lambda t, p: (decay * t + (1.0 - decay) * p).astype(t.dtype), ema,
+      params)
+
+
+def evaluates_ema(config, objective) -> bool:
+  """Whether the evaluators score the moving average rather than the
+  parameters: it is kept and the objective does not distil from it (OTTER's
+  is its teacher; the paper scores the student)."""
+  return keeps_ema(config) and not objective.uses_teacher

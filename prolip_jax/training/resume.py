@@ -110,34 +110,35 @@ def mismatch_error(e: checkpoint.TreeMismatchError, config
 
 def restore_or_init(mngr, config, init_state: Callable, init_rng: jax.Array,
                     abstract: Any, tx, state_shardings: Any,
-                    with_teacher: bool) -> tuple[int, Any]:
+                    with_ema: bool) -> tuple[int, Any]:
   """``(start step, train state)``: the newest readable checkpoint of
   ``mngr`` restored into ``abstract``'s tree and shardings, or
-  ``init_state(init_rng)`` at step 0. Imported weights (no optimizer state
-  or no teacher) get a fresh AdamW state / a teacher equal to the restored
-  parameters. A healthy checkpoint that does not fit the config raises
+  ``init_state(init_rng)`` at step 0. Imported weights (no optimizer state)
+  get a fresh AdamW state; a checkpoint without the parameters' moving
+  average that ``with_ema`` asks for (imported weights, or ``optim.ema_decay``
+  turned on at this resume) starts it from the restored parameters. A healthy checkpoint that does not fit the config raises
   ``ConfigDriftError`` (``mismatch_error``) and closes ``mngr``."""
   try:
     restored = checkpoint.restore_newest(
-        mngr, abstract.params, abstract.opt_state, abstract.teacher,
+        mngr, abstract.params, abstract.opt_state, abstract.ema,
         set_aside=True)
   except checkpoint.TreeMismatchError as e:
     mngr.close()
     raise mismatch_error(e, config) from e
   if restored is None:
     return 0, init_state(init_rng)
-  start, (params, opt_state, teacher, _) = restored
+  start, (params, opt_state, ema, _) = restored
   if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
     opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
         params)
     logging.warning('Checkpoint %d has no optimizer state (imported '
                     'weights): starting AdamW afresh', start)
-  if with_teacher and teacher is None:  # e.g. imported weights
-    teacher = jax.jit(lambda p: p,
-                      out_shardings=state_shardings.params)(params)
-    logging.warning('Checkpoint %d has no EMA teacher: starting it from '
-                    'the restored parameters', start)
+  if with_ema and ema is None:  # imported weights, or EMA turned on
+    ema = jax.jit(lambda p: p, out_shardings=state_shardings.params)(params)
+    logging.warning('Checkpoint %d has no moving average of the parameters '
+                    '(optim.ema_decay): starting it from the restored '
+                    'parameters', start)
   logging.info('Resumed from step %d', start)
   return start, abstract.replace(step=jnp.asarray(start, jnp.int32),
                                  params=params, opt_state=opt_state,
-                                 teacher=teacher)
+                                 ema=ema)

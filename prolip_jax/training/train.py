@@ -1,7 +1,7 @@
 """Training: ``train_and_evaluate(config, workdir)``.
 
 One jitted ``train_step`` (read it top to bottom: the objective's loss and
-gradients, AdamW update, clamp the scale, the objective's teacher update), a
+gradients, AdamW update, clamp the scale, the parameters' moving average), a
 data pipeline that is exactly resumable from the step, Orbax checkpoints every
 ``checkpoint_every_steps`` (and on interruption), metrics to
 ``WORKDIR/metrics.jsonl`` and TensorBoard. Nothing here is specific to one
@@ -53,6 +53,7 @@ from prolip_jax.storage.workdir import Workdir
 from prolip_jax.training import accumulation
 from prolip_jax.training import loop_evals
 from prolip_jax.training import loop_report
+from prolip_jax.training import optimizer
 from prolip_jax.training import progress
 from prolip_jax.training import resume
 from prolip_jax.training import wandb_sink
@@ -65,8 +66,9 @@ class TrainState:
   step: jax.Array  # int32 scalar: optimizer updates done so far
   params: Any
   opt_state: Any
-  # EMA teacher parameters for distilling objectives (OTTER), else None.
-  teacher: Any = None
+  # Exponential moving average of the parameters (``optim.ema_decay``; the
+  # teacher of an objective that distils from it, OTTER), else None.
+  ema: Any = None
 
 
 # ----------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   """``train_step(state, batch, rng) -> (state, metrics)``, not yet jitted.
 
   A step whose loss or gradient is not finite changes nothing but the step
-  counter (parameters, optimizer state and teacher stay as they were) and
+  counter (parameters, optimizer state and EMA stay as they were) and
   reports ``metrics['nonfinite'] = 1``. ``objective``: ``config.objective``'s
   (resolved here when None).
   """
@@ -97,10 +99,11 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
       config_keys.get(config, 'accum_steps'), mesh)
   max_log_scale = math.log(config.optim.max_logit_scale)
   nan_steps = tuple(config_keys.get(config, 'debug_nan_steps'))
+  ema_decay = float(config_keys.get(config, 'optim.ema_decay'))
 
   def train_step(state: TrainState, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
-    (_, metrics), grads = value_and_grad(state.params, state.teacher, batch,
+    (_, metrics), grads = value_and_grad(state.params, state.ema, batch,
                                          rng)
     if nan_steps:  # fault injection for tests: these steps become NaN
       poison = jnp.where(jnp.isin(state.step + 1, jnp.asarray(nan_steps)),
@@ -112,7 +115,8 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
     # As in the release: keep the temperature a = exp(log a) within [1, 100].
     params = dict(params, logit_scale=jnp.clip(params['logit_scale'], 0.0,
                                                max_log_scale))
-    teacher = objective.update_teacher(config, state.teacher, params)
+    ema = (None if state.ema is None
+           else optimizer.ema_update(state.ema, params, ema_decay))
     metrics['grad_norm'] = optax.tree.norm(grads)
     metrics['lr'] = schedule(state.step)
     finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(metrics['grad_norm'])
@@ -121,7 +125,7 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                                  lambda new, old: jnp.where(finite, new, old))
     return TrainState(state.step + 1, keep_old(params, state.params),
                       keep_old(opt_state, state.opt_state),
-                      keep_old(teacher, state.teacher)), metrics
+                      keep_old(ema, state.ema)), metrics
 
   return train_step
 
@@ -221,7 +225,7 @@ def validate_config(config, objective: Optional[Objective] = None):
 
 
 def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
-                            mesh, with_teacher: bool = False,
+                            mesh, with_ema: bool = False,
                             extra_params: Optional[Callable] = None,
                             fsdp_min_size_mb: float = shd.FSDP_MIN_SIZE_MB
                             ) -> tuple[Callable, TrainState]:
@@ -229,7 +233,8 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
 
   Parameters and optimizer state follow the FSDP rule of ``sharding.py``; no
   device ever holds an unsharded copy. Also returns the state's shardings.
-  ``with_teacher``: add an EMA teacher (OTTER) starting equal to the student.
+  ``with_ema``: add a moving average of the parameters (``optim.ema_decay``;
+  OTTER's teacher) starting equal to them.
   ``extra_params(rng) -> {key: subtree}`` adds an objective's own parameters
   (``Objective.init_extra_params``, e.g. UniCLIP's heads) next to the
   model's, to be trained and saved with them. ``fsdp_min_size_mb``: arrays
@@ -242,9 +247,9 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
       extra = extra_params(jax.random.fold_in(rng, 1))
       if extra:
         params = dict(params, **extra)
-    teacher = params if with_teacher else None
+    ema = params if with_ema else None
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
-                      teacher)
+                      ema)
 
   abstract = jax.eval_shape(init_state, jax.random.key(0))
   param_shardings = shd.param_shardings(mesh, abstract.params,
@@ -252,7 +257,7 @@ def train_state_initializer(model: ProLIP, tx: optax.GradientTransformation,
   shardings = TrainState(shd.replicated(mesh), param_shardings,
                          shd.param_shardings(mesh, abstract.opt_state,
                                              fsdp_min_size_mb),
-                         param_shardings if with_teacher else None)
+                         param_shardings if with_ema else None)
   return jax.jit(init_state, out_shardings=shardings), shardings
 
 
@@ -260,12 +265,12 @@ def run_state_initializer(config, model: ProLIP,
                           tx: optax.GradientTransformation, mesh,
                           objective: Optional[Objective] = None
                           ) -> tuple[Callable, TrainState]:
-  """``train_state_initializer`` for ``config``'s objective (its teacher and
+  """``train_state_initializer`` for ``config``'s objective (its EMA and
   extra parameters): the state ``prolip_jax.main`` trains and
   ``prolip_jax.aot`` and the benchmarks compile for."""
   objective = _resolve(config, objective)
   return train_state_initializer(
-      model, tx, mesh, with_teacher=objective.uses_teacher,
+      model, tx, mesh, with_ema=optimizer.keeps_ema(config),
       extra_params=lambda rng: objective.init_extra_params(
           config, model.config, rng),
       fsdp_min_size_mb=config.mesh.get('fsdp_min_size_mb',
@@ -468,11 +473,14 @@ def _compiled(step: int, metrics: dict, t_start: float, report):
   report.start_interval(step)
 
 
-def _checkpoint_meta(config, model, tokenizer) -> dict:
+def _checkpoint_meta(config, model, tokenizer, objective: Objective) -> dict:
   """What every checkpoint stores beside the arrays: the run's config, the
-  model's and the tokenizer's."""
+  model's and the tokenizer's, and which of its parameter trees is the
+  model to score (``checkpoint.SCORED``)."""
+  scored = 'teacher' if optimizer.evaluates_ema(config, objective) else (
+      'params')
   return {'config': json.loads(config.to_json_best_effort()),
-          'model': model.config.to_dict(),
+          'model': model.config.to_dict(), checkpoint.SCORED: scored,
           **checkpoint.tokenizer_meta(tokenizer)}
 
 
@@ -482,7 +490,7 @@ def _save(mngr, meta: dict, state, step: int, force: bool = False):
     return
   checkpoint.save(mngr, step, state.params, state.opt_state,
                   dict(meta, step=int(step)), force=force,
-                  teacher=state.teacher)
+                  teacher=state.ema)
 
 
 def _injected_fault(config, step: int):
@@ -565,7 +573,7 @@ def _restore(config, objective: Objective, workdir: Workdir,
   _note_removals(config, list(mngr.all_steps()), jax.process_index() == 0)
   start, state = resume.restore_or_init(
       mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
-      run.state_shardings, objective.uses_teacher)
+      run.state_shardings, optimizer.keeps_ema(config))
   stopper.check(f'restoring step {start}' if start else 'initialising',
                 resumed=lambda: start > 0)
   return config, run, mngr, start, state
@@ -599,7 +607,7 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
   writer = wandb_sink.tee(writer, config, workdir, is_chief, start)  # + W&B
-  meta = _checkpoint_meta(config, model, tokenizer)
+  meta = _checkpoint_meta(config, model, tokenizer, objective)
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
   data_iter = pipeline.iterate_from(run.dataset, start,
