@@ -13,24 +13,17 @@ import numpy as np
 import pytest
 
 from prolip_jax import objectives
-from prolip_jax import sharding as shd
 from prolip_jax.config import presets
-from prolip_jax.data import transforms
 from prolip_jax.interop import load as load_lib
-from prolip_jax.models import ProLIP
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 
 from test_train import load_config
+from test_train_step import micro_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECAY = 0.5  # fast, so three steps move the average well away from theta
-
-
-class _Tokenizer:
-  vocab_size = 64
-  pad_id = 0
 
 
 def _leaves(tree):
@@ -42,21 +35,7 @@ def test_the_state_keeps_the_average_of_the_trajectory_and_skips_nan_steps():
                                             'prolip_micro.py'))
   c.optim.ema_decay = DECAY
   c.debug_nan_steps = (3,)  # the third step's loss is NaN: nothing moves
-  model = ProLIP(train.model_config_for(c, _Tokenizer()))
-  mesh = shd.make_mesh({'data': 1, 'fsdp': 1, 'num_devices': 1})
-  tx, schedule = optimizer.make_optimizer(c.optim, c.total_steps)
-  init, shardings = train.run_state_initializer(c, model, tx, mesh)
-  step = jax.jit(train.make_train_step(model, c, tx, schedule, mesh, 3),
-                 in_shardings=(shardings, shd.batch_sharding(mesh),
-                               shd.replicated(mesh)),
-                 out_shardings=(shardings, shd.replicated(mesh)))
-  rng = np.random.default_rng(0)
-  b, s = c.batch_size, model.config.vision.image_size
-  batch = shd.host_to_global(mesh, {
-      'image': rng.integers(0, 256, (b, s, s, 3), dtype=np.uint8),
-      'aug': np.tile(transforms.identity_aug_vector(), (b, 1)),
-      'tokens': rng.integers(4, 60, (b, model.config.text.context_length),
-                             dtype=np.int32)})
+  _, _, init, step, batch = micro_step(c)
   state = init(jax.random.key(0))
   want = _leaves(state.params)
   for _ in range(4):

@@ -34,17 +34,14 @@ class _Tokenizer:
   pad_id = 0
 
 
-@pytest.mark.slow
-def test_two_steps_update_clamp_and_skip_a_nan_step():
-  c = presets.load_config_file(os.path.join(REPO, 'configs',
-                                            'prolip_micro.py'))
-  c.total_steps = 10
-  c.model.init_logit_scale = 200.0  # above the clamp of 100
-  c.debug_nan_steps = (2,)  # the second step's loss is NaN
+def micro_step(c):
+  """``(model, tx, init, step, batch)`` for config ``c`` on one device: the
+  jitted initializer and train step of the run's state (an EMA with
+  ``optim.ema_decay``) and a random batch."""
   model = ProLIP(train.model_config_for(c, _Tokenizer()))
   mesh = shd.make_mesh({'data': 1, 'fsdp': 1, 'num_devices': 1})
   tx, schedule = optimizer.make_optimizer(c.optim, c.total_steps)
-  init, shardings = train.train_state_initializer(model, tx, mesh)
+  init, shardings = train.run_state_initializer(c, model, tx, mesh)
   step = jax.jit(
       train.make_train_step(model, c, tx, schedule, mesh, MASK_ID),
       in_shardings=(shardings, shd.batch_sharding(mesh),
@@ -57,6 +54,18 @@ def test_two_steps_update_clamp_and_skip_a_nan_step():
       'aug': np.tile(transforms.identity_aug_vector(), (b, 1)),
       'tokens': rng.integers(4, 60, (b, model.config.text.context_length),
                              dtype=np.int32)})
+  return model, tx, init, step, batch
+
+
+@pytest.mark.slow
+def test_two_steps_update_clamp_and_skip_a_nan_step():
+  c = presets.load_config_file(os.path.join(REPO, 'configs',
+                                            'prolip_micro.py'))
+  c.total_steps = 10
+  c.model.init_logit_scale = 200.0  # above the clamp of 100
+  c.debug_nan_steps = (2,)  # the second step's loss is NaN
+  model, tx, init, step, batch = micro_step(c)
+  mesh = shd.make_mesh({'data': 1, 'fsdp': 1, 'num_devices': 1})
   key = jax.random.key(1)
   state0 = init(jax.random.key(0))
   state1, m1 = step(state0, batch, key)
