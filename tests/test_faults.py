@@ -650,6 +650,7 @@ OPTIM_CHANGES = {
     'optim.weight_decay': 0.0, 'optim.warmup_steps': 1,
     'optim.end_lr_ratio': 0.1, 'optim.grad_clip': 1.0,
     'optim.max_logit_scale': 50.0, 'optim.unc_lr_mult': 10.0,
+    'optim.freeze': ('visual/.*',),
 }
 
 

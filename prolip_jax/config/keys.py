@@ -208,6 +208,10 @@ KEYS: dict[str, Key] = {
     'optim.unc_lr_mult': Key(1.0, 'learning-rate multiplier of the [UNC] '
                              'tokens and uncertainty heads (1: paper)',
                              OPTIMIZER_TREE),
+    'optim.freeze': Key((), 'frozen (locked) parameters: regular expressions '
+                        "matched in full against '/'-joined parameter paths, "
+                        "e.g. ('visual/.*',) locks the image tower (LiT); "
+                        'no update, no optimizer state', OPTIMIZER_TREE),
     # -- data
     'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
     'data.split': Key('train', 'split of a bundled source (digits, emoji): '
