@@ -127,6 +127,7 @@ def _changed(key, value):
       'model.compute_dtype': ('bfloat16', {}),
       'model.remat_policy': ('dots_saveable', {'model.remat': True}),
       'model.attention_impl': ('xla', {}),
+      'optim.freeze': (('visual/.*',), {}),
   }
   if key in special:
     return special[key]
@@ -192,6 +193,7 @@ def test_optimizer_keys_that_change_the_state_tree_are_declared_so():
               for k in keys}
   assert measured == declared
   assert measured['optim.grad_clip'] and measured['optim.unc_lr_mult']
+  assert measured['optim.freeze']
   assert all(config_drift.is_fixed(k) for k in keys if measured[k])
 
 

@@ -651,6 +651,7 @@ OPTIM_CHANGES = {
     'optim.end_lr_ratio': 0.1, 'optim.grad_clip': 1.0,
     'optim.max_logit_scale': 50.0, 'optim.unc_lr_mult': 10.0,
     'optim.ema_decay': 0.5,  # turned on: starts from the restored params
+    'optim.freeze': ('visual/.*',),
 }
 
 

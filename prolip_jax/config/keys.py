@@ -213,6 +213,10 @@ KEYS: dict[str, Key] = {
                            'saved with it (0: none); the evaluators score it; '
                            f'OTTER distils from it (paper m = '
                            f'{paper.OTTER_EMA_DECAY})'),
+    'optim.freeze': Key((), 'frozen (locked) parameters: regular expressions '
+                        "matched in full against '/'-joined parameter paths, "
+                        "e.g. ('visual/.*',) locks the image tower (LiT); "
+                        'no update, no optimizer state', OPTIMIZER_TREE),
     # -- data
     'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
     'data.split': Key('train', 'split of a bundled source (digits, emoji): '

@@ -46,6 +46,7 @@ from prolip_jax.evaluation import report as eval_report
 from prolip_jax.interop import hub
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.objectives.base import LossParts
 from prolip_jax.objectives.base import Objective
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
@@ -57,7 +58,10 @@ from prolip_jax.training import optimizer
 from prolip_jax.training import progress
 from prolip_jax.training import resume
 from prolip_jax.training import wandb_sink
+from prolip_jax.training.optimizer import freeze_patterns
+from prolip_jax.training.optimizer import frozen_mask
 from prolip_jax.training.optimizer import make_optimizer
+from prolip_jax.training.optimizer import stop_frozen_gradients
 from prolip_jax.training.workdir_lock import WorkdirLock
 
 
@@ -82,6 +86,20 @@ def _resolve(config, objective: Optional[Objective]) -> Objective:
       config.objective)
 
 
+def _frozen_parts(parts: LossParts, optim) -> LossParts:
+  """``parts`` reading the frozen parameters (``optim.freeze``) through
+  ``stop_gradient``: their gradient is zero and its backward pass (a locked
+  tower's) is never traced. ``parts`` itself when nothing is frozen."""
+  if not freeze_patterns(optim):
+    return parts
+  stop = functools.partial(stop_frozen_gradients, optim)
+  return dataclasses.replace(
+      parts,
+      towers=lambda params, teacher, rows: parts.towers(stop(params), teacher,
+                                                        rows),
+      loss=lambda params, outs, batch: parts.loss(stop(params), outs, batch))
+
+
 def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
                     tx: optax.GradientTransformation, schedule: optax.Schedule,
                     mesh, mask_id: int, objective: Optional[Objective] = None
@@ -91,11 +109,14 @@ def make_train_step(model: ProLIP, config: ml_collections.ConfigDict,
   A step whose loss or gradient is not finite changes nothing but the step
   counter (parameters, optimizer state and EMA stay as they were) and
   reports ``metrics['nonfinite'] = 1``. ``objective``: ``config.objective``'s
-  (resolved here when None).
+  (resolved here when None). ``metrics['grad_norm']`` is the global norm of
+  the trainable parameters' gradient (a frozen one, ``optim.freeze``, is
+  zero and never computed).
   """
   objective = _resolve(config, objective)
   value_and_grad = accumulation.value_and_grad(
-      objective.make_loss_parts(model, config, mesh, mask_id),
+      _frozen_parts(objective.make_loss_parts(model, config, mesh, mask_id),
+                    config.optim),
       config_keys.get(config, 'accum_steps'), mesh)
   max_log_scale = math.log(config.optim.max_logit_scale)
   nan_steps = tuple(config_keys.get(config, 'debug_nan_steps'))
@@ -206,6 +227,23 @@ def augment_config(data) -> transforms.AugmentConfig:
           'color_on_device', config_keys.default('data.color_on_device'))))
 
 
+def _check_freeze(config, objective: Objective):
+  """``ConfigError`` for an ``optim.freeze`` that is no sequence of regular
+  expressions, or holds one that matches none of the run's parameter paths
+  (on ``jax.eval_shape``'d parameters: nothing is computed)."""
+  patterns = freeze_patterns(config.optim)
+  if not patterns:
+    return
+  model_cfg = ModelConfig.from_config(config.model)
+
+  def init(rng):
+    params = models.init_params(model_cfg, rng)
+    extra = objective.init_extra_params(config, model_cfg, rng)
+    return dict(params, **extra) if extra else params
+
+  frozen_mask(jax.eval_shape(init, jax.random.key(0)), patterns)
+
+
 def validate_config(config, objective: Optional[Objective] = None):
   """Raises ``ValueError`` for a config that cannot train (the generic
   checks, then the objective's own)."""
@@ -220,6 +258,7 @@ def validate_config(config, objective: Optional[Objective] = None):
                      '(0: use them all)')
   if not 0 < config.masking.image_keep_ratio <= 1:
     raise ValueError('masking.image_keep_ratio must be in (0, 1]')
+  _check_freeze(config, objective)  # optim.freeze: patterns that match
   loop_report.check_config(config)  # profile_steps, wandb.*
   objective.validate(config)
 
