@@ -13,6 +13,11 @@ cache, canonicalize cleaning, 64 tokens, pad ``</s>`` = 1, [MASK] =
 without optimizer state, so AdamW starts afresh. The recipe is the paper's
 fine-tuning one (B.2: lr 5e-5, no weight decay); the seen-sample budget is
 a placeholder to set for the task.
+
+``--config.init_image_size=256`` (or 384) fine-tunes at that size instead
+of the snapshot's 224 px, the image position embeddings resampled from 14x14
+to 16x16 (24x24) patches (docs/interop.md, "Fine-tuning at another
+resolution").
 """
 
 from prolip_jax.config import presets

@@ -33,6 +33,13 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_default_matmul_precision', 'highest')
 
+# grain defines its absl flags (grain_py_*) once, when first imported, and
+# reads them while iterating; imported here, before any test, they are not
+# among the flags _fresh_absl_flags drops after the test that first imports
+# grain (a later training test would find them gone).
+import grain  # pylint: disable=g-import-not-at-top,wrong-import-position
+del grain  # imported for its flags only
+
 
 @pytest.fixture(autouse=True)
 def _fresh_absl_flags():

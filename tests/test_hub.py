@@ -663,6 +663,118 @@ def test_finetune_from_snapshot_export_and_reload(tmp_path, offline):
   np.testing.assert_allclose(mu.numpy(), new[0], atol=2e-5)
 
 
+def _micro_args(workdir, repo, *extra):
+  """``prolip_jax.main`` arguments: the micro config from the snapshot
+  cached as ``hf-hub:repo``, ``extra`` after them."""
+  return ['--config', os.path.join(ROOT, 'configs', 'prolip_micro.py'),
+          '--workdir', str(workdir), f'--config.init_from=hf-hub:{repo}',
+          '--config.mesh.num_devices=1', *extra]
+
+
+@pytest.mark.slow
+def test_finetune_at_another_image_size_resamples_the_posemb(tmp_path,
+                                                             offline):
+  """init_from a 32 px (2x2 patches) snapshot with init_image_size=48 (3x3)
+  through the command line: one note line, the run's model is 48 px, the
+  step-0 checkpoint holds the snapshot's weights with the patch rows of the
+  position embeddings resized as PyTorch's bilinear interpolate
+  (align_corners=True, big_vision's convention) and the [CLS]/[UNC] rows as
+  they were; 2 steps train."""
+  torch = pytest.importorskip('torch')
+  from test_main import _run  # pylint: disable=g-import-not-at-top
+  from prolip_jax.storage import checkpoint  # pylint: disable=g-import-not-at-top
+  ref = _write_snapshot(str(tmp_path / 'snap'), 'B-16', seed=5)
+  _cache_repo(offline, 'test-org/posemb-ft', str(tmp_path / 'snap'))
+  workdir = tmp_path / 'wd'
+  code, out, err = _run(*_micro_args(
+      workdir, 'test-org/posemb-ft', '--config.init_image_size=48', '--config.total_steps=2',
+      '--config.checkpoint_every_steps=2'))
+  assert code == 0, err[-2000:]
+  notes = [l for l in (out + err).splitlines() if 'position embeddings' in l]
+  assert notes == ['note: resampled the image position embeddings from 2x2 '
+                   'to 3x3 patches (bilinear)']
+  params, meta = checkpoint.load_params(str(workdir), step=0)
+  assert meta['model']['vision']['image_size'] == 48
+  assert meta['config']['model']['vision']['image_size'] == 48
+  sd = {k: v.detach() for k, v in ref.state_dict().items()}
+  pos = sd['visual.positional_embedding']  # (2 + 4, 64): [CLS], [UNC], grid
+  grid = pos[2:].reshape(2, 2, -1).permute(2, 0, 1)[None]
+  want = torch.nn.functional.interpolate(
+      grid, size=(3, 3), mode='bilinear', align_corners=True,
+      antialias=False)[0].permute(1, 2, 0).reshape(9, -1)
+  got = np.asarray(params['visual']['positional_embedding'])
+  assert got.shape == (11, 64)
+  np.testing.assert_array_equal(got[:2], pos[:2].numpy())
+  np.testing.assert_allclose(got[2:], want.numpy(), atol=1e-6, rtol=0)
+  np.testing.assert_array_equal(np.asarray(params['visual']['class_embedding']),
+                                sd['visual.class_embedding'].numpy())
+  last, meta = checkpoint.load_params(str(workdir))
+  assert meta['step'] == 2
+  assert np.isfinite(np.asarray(last['visual']['positional_embedding'])).all()
+  # A workdir loads at another size too (3x3 -> 2x2, corner-aligned).
+  import prolip_jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import posemb  # pylint: disable=g-import-not-at-top
+  small = prolip_jax.load(str(workdir), step=0, image_size=32)
+  assert small.config.vision.image_size == 32
+  np.testing.assert_array_equal(
+      small.params['visual']['positional_embedding'],
+      posemb.resample_patch_posemb(got, (3, 3), (2, 2), 2))
+  assert np.isfinite(small.encode_image(_images(2))[0]).all()
+
+
+def test_load_at_another_image_size(tmp_path, offline, capsys):
+  """load(snapshot, image_size=48): the model embeds 48 px images with the
+  position embeddings resampled (the one note line), everything else as
+  loaded at 32 px; a size that is no multiple of the patch is refused."""
+  pytest.importorskip('torch')
+  import prolip_jax  # pylint: disable=g-import-not-at-top
+  from prolip_jax.models import posemb  # pylint: disable=g-import-not-at-top
+  snap = str(tmp_path / 'snap')
+  _write_snapshot(snap, 'B-16', seed=2)
+  base = prolip_jax.load(snap)
+  capsys.readouterr()
+  big = prolip_jax.load(snap, image_size=48)
+  assert capsys.readouterr().out.splitlines() == [
+      'note: resampled the image position embeddings from 2x2 to 3x3 '
+      'patches (bilinear)']
+  assert big.config.vision.image_size == 48
+  assert big.preprocess_images(_images(0)).shape[1:] == (48, 48, 3)
+  np.testing.assert_array_equal(
+      big.params['visual']['positional_embedding'],
+      posemb.resample_patch_posemb(
+          base.params['visual']['positional_embedding'], (2, 2), (3, 3), 2))
+  np.testing.assert_array_equal(big.params['visual']['proj']['kernel'],
+                                base.params['visual']['proj']['kernel'])
+  mu, logvar = big.encode_image(_images(0))
+  assert np.isfinite(mu).all() and np.isfinite(logvar).all()
+  np.testing.assert_array_equal(big.encode_text(TEXTS)[0],
+                                base.encode_text(TEXTS)[0])
+  with pytest.raises(ValueError, match='image_size=40 is not a positive '
+                     "multiple of the model's patch size 16"):
+    prolip_jax.load(snap, image_size=40)
+
+
+def test_init_image_size_errors_are_one_line(tmp_path, offline):
+  """Not a multiple of the snapshot's patch size, or without init_from: one
+  ``error:`` line and status 2 before anything is written or trained."""
+  pytest.importorskip('torch')
+  from test_main import _run  # pylint: disable=g-import-not-at-top
+  _write_snapshot(str(tmp_path / 'snap'), 'B-16', seed=5)
+  _cache_repo(offline, 'test-org/posemb-errors', str(tmp_path / 'snap'))
+  code, _, err = _run(*_micro_args(tmp_path / 'wd', 'test-org/posemb-errors',
+                                   '--config.init_image_size=40'))
+  assert code == 2
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: ') and (
+      "init_image_size=40 is not a multiple of the snapshot's patch size 16 "
+      '(e.g. 32 or 48)') in lines[0], err
+  code, _, err = _run('--config', os.path.join(ROOT, 'configs',
+                                               'prolip_micro.py'),
+                      '--workdir', str(tmp_path / 'wd2'),
+                      '--config.init_image_size=48')
+  assert code == 2 and 'init_image_size applies to init_from only' in err
+
+
 def test_existing_configs_keep_the_old_text_and_image_path():
   """New settings default to the old behaviour in every shipped config
   (the tiny demos' numbers cannot change); only the fine-tune config names

@@ -276,6 +276,9 @@ KEYS: dict[str, Key] = {
                      'hf-hub:OWNER/NAME'),
     'init_tokenizer': Key('', 'tokenizer for init_from (file, dir or '
                           'hf-hub:NAME)'),
+    'init_image_size': Key(0, 'image side in pixels to fine-tune init_from '
+                           "at (0: the snapshot's); its image position "
+                           'embeddings are resampled', minimum=0),
     # -- evaluation, logging, checkpoints, devices
     'eval.tfds_data_dir': Key('', 'TFDS data_dir of the evaluators that set '
                               'none (config.evals)'),

@@ -41,7 +41,9 @@ Settings (``snapshot_settings``):
 ``prepare_init_from(config, workdir)`` turns ``config.init_from`` (a snapshot
 or ``hf-hub:...``) into a step-0 checkpoint without optimizer state, so
 training fine-tunes it with a fresh AdamW (the rule of
-``tools/import_pytorch.py``).
+``tools/import_pytorch.py``); ``config.init_image_size`` fine-tunes it at
+another image size, the image position embeddings resampled
+(``models.posemb``).
 """
 
 from __future__ import annotations
@@ -428,6 +430,32 @@ RUN_MODEL_KEYS = ('compute_dtype', 'remat', 'remat_policy', 'scan',
                   'attention_impl')
 
 
+def init_models(snapshot_model: dict[str, Any], config
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``(stored, target)`` model dicts of a run started from a snapshot.
+
+  ``stored``: the snapshot's model with the run's ``RUN_MODEL_KEYS``, what
+  its weights are read into. ``target``: the same with
+  ``vision.image_size = config.init_image_size`` when that is set (not 0),
+  the model the run trains; equal to ``stored`` otherwise. Raises
+  ``ValueError`` when ``init_image_size`` is not a multiple of the
+  snapshot's patch size.
+  """
+  run_model = config.model.to_dict() if hasattr(config.model, 'to_dict') else {}
+  stored = dict(snapshot_model, **{k: run_model[k] for k in RUN_MODEL_KEYS
+                                   if k in run_model})
+  size = int(config.get('init_image_size') or 0)
+  if not size or size == stored['vision']['image_size']:
+    return stored, stored
+  patch = stored['vision']['patch_size']
+  if size % patch:
+    below = size // patch * patch
+    near = f'{below} or {below + patch}' if below else f'{patch}'
+    raise ValueError(f'init_image_size={size} is not a multiple of the '
+                     f'snapshot\'s patch size {patch} (e.g. {near})')
+  return stored, dict(stored, vision=dict(stored['vision'], image_size=size))
+
+
 def prepare_init_from(config, workdir):
   """Applies ``config.init_from`` (snapshot dir or ``hf-hub:...``) to a run.
 
@@ -440,9 +468,18 @@ def prepare_init_from(config, workdir):
   state, which training resumes from with a fresh AdamW (as after
   ``tools/import_pytorch.py``).
   A workdir with checkpoints resumes from them as usual.
+
+  ``config.init_image_size`` (0: the snapshot's) is the one architecture
+  setting the run keeps over the snapshot's: the run trains at that
+  ``model.vision.image_size`` and the step-0 checkpoint holds the image
+  position embeddings resampled to its patch grid (``models.posemb``,
+  printed once as a ``note:`` line).
   """
   src = config.get('init_from', '') if hasattr(config, 'get') else ''
   if not src:
+    if hasattr(config, 'get') and config.get('init_image_size'):
+      raise ValueError('init_image_size applies to init_from only; set '
+                       'model.vision.image_size for a run from scratch')
     return config
   # pylint: disable=g-import-not-at-top
   import jax
@@ -450,12 +487,11 @@ def prepare_init_from(config, workdir):
   from jax.experimental import multihost_utils
   from prolip_jax.storage import checkpoint
   from prolip_jax.models import ModelConfig
+  from prolip_jax.models import posemb
   # pylint: enable=g-import-not-at-top
   path = resolve(src)
   s = snapshot_settings(path, config.get('init_tokenizer') or None)
-  run_model = config.model.to_dict() if hasattr(config.model, 'to_dict') else {}
-  model = dict(s.model, **{k: run_model[k] for k in RUN_MODEL_KEYS
-                           if k in run_model})
+  stored, model = init_models(s.model, config)
   with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
     config.model = ml_collections.ConfigDict(model)
     tok = config.tokenizer
@@ -470,8 +506,12 @@ def prepare_init_from(config, workdir):
     config.data.eval_image_order = s.image_order
   if checkpoint.latest_step(workdir) is None:
     if jax.process_index() == 0:
+      stored_cfg = ModelConfig.from_config(stored)
       model_cfg = ModelConfig.from_config(model)
-      params = load_params(path, model_cfg)
+      params, note = posemb.resample_image_posemb(
+          load_params(path, stored_cfg), stored_cfg, model_cfg)
+      if note:
+        print(f'note: {note}', flush=True)
       checkpoint.write_imported(
           workdir, params, json.loads(config.to_json_best_effort()),
           model_cfg.to_dict(), src)

@@ -39,6 +39,7 @@ from prolip_jax.interop import hub
 from prolip_jax.models import attention_impl_for
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
+from prolip_jax.models import posemb
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import file_names
 from prolip_jax.storage import paths
@@ -194,7 +195,8 @@ class LoadedModel:
 
 
 def load(path: str, step: Optional[int] = None,
-         tokenizer: Optional[str] = None) -> LoadedModel:
+         tokenizer: Optional[str] = None,
+         image_size: Optional[int] = None) -> LoadedModel:
   """Loads a training workdir, an export / Hugging Face snapshot directory or
   ``hf-hub:OWNER/NAME``.
 
@@ -207,15 +209,19 @@ def load(path: str, step: Optional[int] = None,
     step: checkpoint step for workdirs.
     tokenizer: snapshots only: a tokenizer file, directory or
       ``hf-hub:NAME`` to use instead of the snapshot's own.
+    image_size: embed images at this size (a multiple of the patch size)
+      instead of the one the model was trained at: the image position
+      embeddings are resampled to its patch grid (``at_image_size``).
   """
   if hub.is_hub_id(path) or hub.is_snapshot(path):
-    return load_snapshot(path, tokenizer=tokenizer)
+    return load_snapshot(path, tokenizer=tokenizer, image_size=image_size)
   workdir = Workdir(path, 'model path')
   if not workdir.has_checkpoints() and (
       workdir.root / file_names.CONFIG_FILE).is_file():
-    return load_snapshot(path, tokenizer=tokenizer)
+    return load_snapshot(path, tokenizer=tokenizer, image_size=image_size)
   params, meta = checkpoint.load_params(workdir, step, item='scored')
-  model_cfg = ModelConfig.from_config(meta['model'])
+  model_cfg, params = at_image_size(
+      ModelConfig.from_config(meta['model']), params, image_size)
   run_cfg = meta.get('config', {})
   data = run_cfg.get('data', {})
   owner = (f'checkpoint step {meta.get("step")} under '
@@ -244,7 +250,8 @@ def _last_part(path) -> str:
 
 
 def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
-                  batch_size: int = 64) -> LoadedModel:
+                  batch_size: int = 64,
+                  image_size: Optional[int] = None) -> LoadedModel:
   """A model from a snapshot directory or ``hf-hub:OWNER/NAME[@REV]``.
 
   Args:
@@ -254,6 +261,8 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
     tokenizer: optional tokenizer file, directory or ``hf-hub:NAME`` used
       instead of the snapshot's own / ``text_cfg.hf_tokenizer_name``.
     batch_size: embedding batch size.
+    image_size: as ``load``'s: another image size, the image position
+      embeddings resampled.
   Raises:
     hub.SnapshotError: (a FileNotFoundError) the snapshot, or its tokenizer,
       cannot be found; the message names the path or repo and cache.
@@ -274,6 +283,7 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
         f'the export {path}')
   params = hub.load_params(path, model_cfg)
   require_finite(params, f'the snapshot {path}')
+  model_cfg, params = at_image_size(model_cfg, params, image_size)
   model = LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
                       batch_size=batch_size, image_view=s.image_view,
                       image_order=s.image_order)
@@ -281,6 +291,28 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
   model.source = (path_or_repo if hub.is_hub_id(path_or_repo)
                   else _last_part(path_or_repo))
   return model
+
+
+def at_image_size(model_cfg: ModelConfig, params: Any,
+                  image_size: Optional[int]) -> tuple[ModelConfig, Any]:
+  """``(config, params)`` of the model at ``image_size`` pixels: the image
+  position embeddings resampled to its patch grid (``models.posemb``; one
+  ``note:`` line when the grid changes). ``image_size`` None or the
+  model's own: both unchanged. Raises ``ValueError`` for a size that is no
+  positive multiple of the patch size."""
+  if not image_size or image_size == model_cfg.vision.image_size:
+    return model_cfg, params
+  patch = model_cfg.vision.patch_size
+  if int(image_size) != image_size or image_size < patch or (
+      image_size % patch):
+    raise ValueError(f'image_size={image_size} is not a positive multiple '
+                     f'of the model\'s patch size {patch}')
+  target = dataclasses.replace(model_cfg, vision=dataclasses.replace(
+      model_cfg.vision, image_size=int(image_size)))
+  params, note = posemb.resample_image_posemb(params, model_cfg, target)
+  if note:
+    print(f'note: {note}', flush=True)
+  return target, params
 
 
 def require_finite(params: Any, owner: str):
