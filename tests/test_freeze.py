@@ -257,8 +257,12 @@ def test_frozen_steps_equal_a_hand_rolled_loop_on_the_trainable_subtree():
   got, frozen = _split(state.params)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got),
                           jax.tree.leaves(want)):
+    name = jax.tree_util.keystr(path)
+    # The key bias shifts every logit of a query alike: its gradient is 0 up
+    # to rounding, which Adam's normalisation turns into noise of ~lr * 1e-2.
+    atol = 5e-5 if name.endswith("['k']['bias']") else 1e-6
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
-                               atol=1e-6, err_msg=jax.tree_util.keystr(path))
+                               atol=atol, err_msg=name)
   for a, b in zip(jax.tree.leaves(frozen),
                   jax.tree.leaves(state0.params['visual'])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
