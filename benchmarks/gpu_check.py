@@ -25,6 +25,9 @@ run; sections that no longer fit are skipped, in this order of priority):
   FLOPs over the chip's dense bf16 peak), XLA's own estimate of the step
   (the cost-model MFU and the memory that ``prolip_jax.aot`` reports) and
   the real peak memory of the device (``Device.memory_stats``).
+  ``step:accum2`` is the same step in two micro-batches (``accum_steps``).
+  ``step:no_remat`` also traces ``--profile_steps`` steps and adds up their
+  device time by kernel (``benchmarks/kernel_profile.py``).
 ``demo``
   The default demo (``python -m prolip_jax.main``) trained on the GPU: its
   wall time, last loss and held-out figures.
@@ -45,6 +48,8 @@ import sys
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+import kernel_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # name -> (config overrides, a rough upper bound of the section's seconds on
 # an H100, used to skip what no longer fits the budget). Cheapest memory
@@ -61,9 +66,17 @@ STEP_VARIANTS = {
     'remat_all': ({'model.remat': True, 'model.scan': False,
                    'model.remat_policy': 'nothing_saveable'}, 120),
     'scan_no_remat': ({'model.remat': False, 'model.scan': True}, 90),
+    # The same 512 pairs in two micro-batches (training/accumulation.py):
+    # the price of accumulation is about one more forward pass.
+    'accum2': ({'model.remat': False, 'model.scan': False, 'accum_steps': 2},
+               130),
 }
 SECTIONS = (['env', 'attention', 'step:no_remat', 'demo', 'step:remat_dots',
-             'step:remat_dots_all', 'step:remat_all', 'step:scan_no_remat'])
+             'step:remat_dots_all', 'step:remat_all', 'step:scan_no_remat',
+             'step:accum2'])
+# The variant whose steps are also traced (--profile_steps), for the table
+# of where the device time goes (kernel_profile.py).
+PROFILED_VARIANT = 'no_remat'
 SECTION_SECONDS = {'env': 40, 'attention': 90, 'demo': 150}
 PAIRS_PER_DEVICE = 512
 
@@ -192,23 +205,28 @@ def _b16_config(overrides: dict, skip_device: bool):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
-  pairs = 8 if skip_device else PAIRS_PER_DEVICE
+  pairs = 16 if skip_device else PAIRS_PER_DEVICE
   config.batch_size = pairs * jax.device_count()
   config.update_from_flattened_dict(overrides)
   return config
 
 
-def section_step(skip_device: bool, variant: str) -> dict:
-  """The B/16 train step of one variant (see the module docstring)."""
-  sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+def section_step(skip_device: bool, variant: str, out_dir: str,
+                 profile_steps: int = 0) -> dict:
+  """The B/16 train step of one variant (see the module docstring); the
+  ``PROFILED_VARIANT`` also traces ``profile_steps`` steps into
+  ``OUT/trace`` and adds where their device time went (``kernels``)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   import train_step  # pylint: disable=g-import-not-at-top
   flags.FLAGS(['gpu_check'])  # train_step's flags at their defaults
   overrides, _ = STEP_VARIANTS[variant]
   config = _b16_config(overrides, skip_device)
-  result = train_step.measure(config, verbose=False,
-                              steps=2 if skip_device else 10,
-                              warmup=1 if skip_device else 2)
+  profile = variant == PROFILED_VARIANT and profile_steps > 0
+  result = train_step.measure(
+      config, verbose=False, steps=2 if skip_device else 10,
+      warmup=1 if skip_device else 2,
+      profile_dir=os.path.join(out_dir, 'trace') if profile else None,
+      profile_steps=profile_steps)
   result['variant'] = variant
   result['overrides'] = overrides
   return result
@@ -241,7 +259,8 @@ def section_demo(skip_device: bool, out_dir: str) -> dict:
           'tail': tail, 'ok': proc.returncode == 0}
 
 
-def run_section(name: str, skip_device: bool, out_dir: str) -> dict:
+def run_section(name: str, skip_device: bool, out_dir: str,
+                profile_steps: int = 0) -> dict:
   if name == 'env':
     return section_env(skip_device)
   if name == 'attention':
@@ -249,7 +268,8 @@ def run_section(name: str, skip_device: bool, out_dir: str) -> dict:
   if name == 'demo':
     return section_demo(skip_device, out_dir)
   if name.startswith('step:'):
-    return section_step(skip_device, name.split(':', 1)[1])
+    return section_step(skip_device, name.split(':', 1)[1], out_dir,
+                        profile_steps)
   raise ValueError(f'unknown section {name!r}')
 
 
@@ -323,6 +343,10 @@ def format_tables(results: dict) -> str:
           + f" | {_gib(r['xla_memory_bytes'])} | {_gib(r['peak_bytes'])} | "
           f"{r['cudnn_attention_calls']} |")
     lines.append('')
+    kernels = [(n, r['kernels']) for n, r in steps if r.get('kernels')]
+    for name, summary in kernels:
+      lines += [f'{name}, traced:', '',
+                kernel_profile.format_summary(summary), '']
   demo = results.get('demo')
   if demo:
     if demo.get('ok'):
@@ -353,6 +377,9 @@ def main(argv=None) -> int:
                       help='run every section on the CPU at toy sizes (CI)')
   parser.add_argument('--sections', default=','.join(SECTIONS),
                       help='comma-separated subset, in priority order')
+  parser.add_argument('--profile_steps', type=int, default=3,
+                      help=f'steps of step:{PROFILED_VARIANT} to trace for '
+                      'the table of device time by kernel (0: none)')
   parser.add_argument('--section', help=argparse.SUPPRESS)  # child process
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
@@ -361,7 +388,8 @@ def main(argv=None) -> int:
     if args.skip_device:
       os.environ['JAX_PLATFORMS'] = 'cpu'
     try:
-      result = run_section(args.section, args.skip_device, args.out)
+      result = run_section(args.section, args.skip_device, args.out,
+                           args.profile_steps)
       result.setdefault('ok', True)
     except Exception as e:  # pylint: disable=broad-except
       import traceback  # pylint: disable=g-import-not-at-top
@@ -399,7 +427,8 @@ def main(argv=None) -> int:
     with open(log_path, 'w') as log:
       try:
         subprocess.run([sys.executable, os.path.abspath(__file__), '--out',
-                        args.out, '--section', name]
+                        args.out, '--section', name, '--profile_steps',
+                        str(args.profile_steps)]
                        + (['--skip_device'] if args.skip_device else []),
                        stdout=log, stderr=subprocess.STDOUT, env=env,
                        timeout=left, check=False, cwd=_REPO)

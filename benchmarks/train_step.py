@@ -4,6 +4,8 @@
       --config.batch_size=256 --steps 20
   python benchmarks/train_step.py --config configs/prolip_b16.py \
       --sweep_batch=128,256,512,1024 --sweep_remat=true,false   # GPU sweep
+  python benchmarks/train_step.py --config configs/prolip_b16.py \
+      --config.batch_size=512 --profile_dir /tmp/trace   # where the time goes
 
 Builds the same jitted, sharded ``train_step`` as ``prolip_jax.main`` (all
 devices, the config's mesh), feeds it device-resident random batches (so the
@@ -23,6 +25,7 @@ import jax
 from ml_collections import config_flags
 import numpy as np
 
+import kernel_profile  # benchmarks/, beside this file
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.aot import compiler as aot
@@ -43,6 +46,8 @@ flags.DEFINE_list('sweep_batch', [], 'Global batch sizes to sweep (with '
                   '--sweep_remat); empty: the config\'s batch only.')
 flags.DEFINE_list('sweep_remat', [], 'model.remat values to sweep '
                   '(true,false); empty: the config\'s.')
+flags.DEFINE_string('profile_dir', None, 'Also trace 3 steps there and print '
+                    'where their device time went (kernel_profile.py).')
 
 def device_peak_tflops(device) -> float:
   """Dense bf16 peak TFLOP/s of ``device`` from the one table of chips
@@ -52,7 +57,8 @@ def device_peak_tflops(device) -> float:
 
 
 def measure(config, verbose: bool = True, steps: int | None = None,
-            warmup: int | None = None) -> dict:
+            warmup: int | None = None, profile_dir: str | None = None,
+            profile_steps: int = 3) -> dict:
   """Compiles and times the train step of ``config``; returns the figures.
 
   ``steps`` / ``warmup``: timed and untimed steps (default: the flags).
@@ -61,7 +67,9 @@ def measure(config, verbose: bool = True, steps: int | None = None,
   the device's real peak (``peak_bytes``, from ``Device.memory_stats``;
   None where the backend keeps none, as on the CPU), XLA's cost-model MFU
   (``xla_estimated_mfu``, the figure ``aot`` prints) and the number of cuDNN
-  fused-attention calls in the compiled step.
+  fused-attention calls in the compiled step. ``profile_dir``: also trace
+  ``profile_steps`` more steps there and add where their device time went
+  (``kernels``, ``kernel_profile.summarize``).
   """
   steps = flags.FLAGS.steps if steps is None else steps
   warmup = flags.FLAGS.warmup if warmup is None else warmup
@@ -111,6 +119,18 @@ def measure(config, verbose: bool = True, steps: int | None = None,
     state, metrics = compiled(state, batch, step_rng)
   jax.block_until_ready(metrics)
   step_s = (time.time() - t0) / steps
+  kernels = None
+  if profile_dir:
+    try:
+      with jax.profiler.trace(profile_dir):
+        for _ in range(profile_steps):
+          state, metrics = compiled(state, batch, step_rng)
+        jax.block_until_ready(metrics)
+      kernels = kernel_profile.summarize(profile_dir, profile_steps)
+    except Exception as e:  # pylint: disable=broad-except
+      # A profiler that cannot start (no CUPTI) loses the table, not the
+      # timing above.
+      kernels = {'note': f'no trace: {type(e).__name__}: {e}'[:500]}
 
   dev = jax.devices()[0]
   peak = flags.FLAGS.peak_tflops or device_peak_tflops(dev)
@@ -137,6 +157,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
       print(f'model TFLOP/s per device {achieved:.3f}; no peak known for '
             f'{dev.device_kind!r} (pass --peak_tflops for MFU)')
     print(f"final loss {float(metrics['loss']):.4f}")
+    if kernels:
+      print(kernel_profile.format_summary(kernels))
   stats = dev.memory_stats() or {}
   optimal_s = float((cost or {}).get('optimal_seconds', 0.0))
   estimated_mfu = (100 * analytic_step / n / optimal_s / (peak * 1e12)
@@ -150,7 +172,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
           'peak_bytes': stats.get('peak_bytes_in_use'),
           'bytes_limit': stats.get('bytes_limit'),
           'xla_estimated_mfu': estimated_mfu, 'cudnn_attention_calls':
-          cudnn_calls, 'final_loss': float(metrics['loss'])}
+          cudnn_calls, 'final_loss': float(metrics['loss']),
+          'kernels': kernels}
 
 
 def main(argv):
@@ -160,7 +183,7 @@ def main(argv):
   remats = [x.lower() in ('1', 'true', 'yes')
             for x in flags.FLAGS.sweep_remat] or [config.model.remat]
   if len(batches) == len(remats) == 1:
-    measure(config)
+    measure(config, profile_dir=flags.FLAGS.profile_dir)
     return
   print('| global batch | remat | step (ms) | samples/s | model TFLOP/s/dev '
         '| MFU |')
