@@ -60,12 +60,16 @@ def main():
   ap.add_argument('--spec', default=DEFAULT_SPEC)
   ap.add_argument('--scan', choices=['config', 'true', 'false'],
                   default='config', help='model.scan (default: the config)')
+  ap.add_argument('--remat', choices=['config', 'true', 'false'],
+                  default='config', help='model.remat (default: the config)')
   ap.add_argument('--out', required=True)
   args = ap.parse_args()
 
   config = presets.load_config_file(args.config)
   if args.scan != 'config':
     config.model.scan = args.scan == 'true'
+  if args.remat != 'config':
+    config.model.remat = args.remat == 'true'
   devices = h100_devices(args.spec)
   mesh = shd.make_mesh(config.mesh, devices=devices)
   config.batch_size = args.per_device_batch * len(devices)
