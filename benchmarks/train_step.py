@@ -56,6 +56,36 @@ def device_peak_tflops(device) -> float:
   return chip.peak_bf16_flops / 1e12 if chip else 0.0
 
 
+def _random_batch(mesh, model_cfg, b: int) -> dict:
+  """A device-resident batch of ``b`` random pairs: images, right-padded
+  captions of random lengths, no augmentation record."""
+  size, ctx = model_cfg.vision.image_size, model_cfg.text.context_length
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(ctx // 4, ctx, b)
+  tokens = rng.integers(4, model_cfg.text.vocab_size, (b, ctx))
+  tokens[np.arange(ctx)[None] >= lengths[:, None]] = model_cfg.text.pad_id
+  return shd.host_to_global(mesh, {
+      'image': rng.integers(0, 256, (b, size, size, 3), dtype=np.uint8),
+      'tokens': tokens.astype(np.int32),
+      'aug': np.zeros((b, 11), np.float32)})
+
+
+def _traced_kernels(compiled, state, batch, step_rng, profile_dir: str,
+                    steps: int) -> dict:
+  """``kernel_profile.summarize`` of ``steps`` more steps traced into
+  ``profile_dir``."""
+  try:
+    with jax.profiler.trace(profile_dir):
+      for _ in range(steps):
+        state, metrics = compiled(state, batch, step_rng)
+      jax.block_until_ready(metrics)
+    return kernel_profile.summarize(profile_dir, steps)
+  except Exception as e:  # pylint: disable=broad-except
+    # A profiler that cannot start (no CUPTI) loses the table, not the
+    # timing measured before it.
+    return {'note': f'no trace: {type(e).__name__}: {e}'[:500]}
+
+
 def measure(config, verbose: bool = True, steps: int | None = None,
             warmup: int | None = None, profile_dir: str | None = None,
             profile_steps: int = 3) -> dict:
@@ -67,9 +97,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
   the device's real peak (``peak_bytes``, from ``Device.memory_stats``;
   None where the backend keeps none, as on the CPU), XLA's cost-model MFU
   (``xla_estimated_mfu``, the figure ``aot`` prints) and the number of cuDNN
-  fused-attention calls in the compiled step. ``profile_dir``: also trace
-  ``profile_steps`` more steps there and add where their device time went
-  (``kernels``, ``kernel_profile.summarize``).
+  fused-attention calls in the compiled step; with ``profile_dir``, where
+  ``profile_steps`` more steps' device time went (``kernels``).
   """
   steps = flags.FLAGS.steps if steps is None else steps
   warmup = flags.FLAGS.warmup if warmup is None else warmup
@@ -85,16 +114,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
   step_fn = train.jit_train_step(model, config, tx, schedule, mesh, mask_id,
                                  state_shardings)
 
-  b, size, ctx = config.batch_size, model_cfg.vision.image_size, \
-      model_cfg.text.context_length
-  rng = np.random.default_rng(0)
-  lengths = rng.integers(ctx // 4, ctx, b)
-  tokens = rng.integers(4, model_cfg.text.vocab_size, (b, ctx))
-  tokens[np.arange(ctx)[None] >= lengths[:, None]] = model_cfg.text.pad_id
-  batch = shd.host_to_global(mesh, {
-      'image': rng.integers(0, 256, (b, size, size, 3), dtype=np.uint8),
-      'tokens': tokens.astype(np.int32),
-      'aug': np.zeros((b, 11), np.float32)})
+  b = config.batch_size
+  batch = _random_batch(mesh, model_cfg, b)
   step_rng = jax.random.key(1)
 
   t0 = time.time()
@@ -119,18 +140,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
     state, metrics = compiled(state, batch, step_rng)
   jax.block_until_ready(metrics)
   step_s = (time.time() - t0) / steps
-  kernels = None
-  if profile_dir:
-    try:
-      with jax.profiler.trace(profile_dir):
-        for _ in range(profile_steps):
-          state, metrics = compiled(state, batch, step_rng)
-        jax.block_until_ready(metrics)
-      kernels = kernel_profile.summarize(profile_dir, profile_steps)
-    except Exception as e:  # pylint: disable=broad-except
-      # A profiler that cannot start (no CUPTI) loses the table, not the
-      # timing above.
-      kernels = {'note': f'no trace: {type(e).__name__}: {e}'[:500]}
+  kernels = profile_dir and _traced_kernels(
+      compiled, state, batch, step_rng, profile_dir, profile_steps)
 
   dev = jax.devices()[0]
   peak = flags.FLAGS.peak_tflops or device_peak_tflops(dev)
@@ -142,9 +153,10 @@ def measure(config, verbose: bool = True, steps: int | None = None,
           f'objective {config.objective}, compute {model_cfg.compute_dtype}, '
           f'remat {model_cfg.remat}, mesh {dict(mesh.shape)}')
     print(f'model: vision {model_cfg.vision.width}x{model_cfg.vision.layers} '
-          f'patch {model_cfg.vision.patch_size} @ {size}px, text '
-          f'{model_cfg.text.width}x{model_cfg.text.layers} ctx {ctx}; global '
-          f'batch {b}')
+          f'patch {model_cfg.vision.patch_size} @ '
+          f'{model_cfg.vision.image_size}px, text {model_cfg.text.width}x'
+          f'{model_cfg.text.layers} ctx {model_cfg.text.context_length}; '
+          f'global batch {b}')
     print(f'compile {compile_s:.1f} s; step {step_s * 1e3:.1f} ms; '
           f'{b / step_s:.1f} samples/s ({b / step_s / n:.1f} per device)')
     print(f'FLOPs/step: XLA {xla_flops_step / 1e12:.3f} T, analytic '
@@ -173,7 +185,7 @@ def measure(config, verbose: bool = True, steps: int | None = None,
           'bytes_limit': stats.get('bytes_limit'),
           'xla_estimated_mfu': estimated_mfu, 'cudnn_attention_calls':
           cudnn_calls, 'final_loss': float(metrics['loss']),
-          'kernels': kernels}
+          'kernels': kernels or None}
 
 
 def main(argv):
