@@ -207,8 +207,8 @@ def _errors(model):
   cfg = model.config
   tokens = cfg.num_patches + (2 if cfg.use_unc else 1)
   shape = (16, tokens, cfg.vision.heads, cfg.vision.width // cfg.vision.heads)
-  xla = lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
-                                                     implementation='xla')
+  from prolip_jax.models import attention  # pylint: disable=g-import-not-at-top
+  xla = attention.dot_product_attention  # the model's, on XLA
   forms = [('the model (float32 logits)', xla),
            ('bf16_logits', _bf16_logits_attention)]
   print('\n| attention at ' + str(shape) + ' in bf16 | logit std | out | dq '

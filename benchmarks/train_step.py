@@ -140,8 +140,8 @@ def measure(config, verbose: bool = True, steps: int | None = None,
     state, metrics = compiled(state, batch, step_rng)
   jax.block_until_ready(metrics)
   step_s = (time.time() - t0) / steps
-  kernels = profile_dir and _traced_kernels(
-      compiled, state, batch, step_rng, profile_dir, profile_steps)
+  kernels = (_traced_kernels(compiled, state, batch, step_rng, profile_dir,
+                             profile_steps) if profile_dir else None)
 
   dev = jax.devices()[0]
   peak = flags.FLAGS.peak_tflops or device_peak_tflops(dev)
@@ -185,7 +185,7 @@ def measure(config, verbose: bool = True, steps: int | None = None,
           'bytes_limit': stats.get('bytes_limit'),
           'xla_estimated_mfu': estimated_mfu, 'cudnn_attention_calls':
           cudnn_calls, 'final_loss': float(metrics['loss']),
-          'kernels': kernels or None}
+          'kernels': kernels}
 
 
 def main(argv):
