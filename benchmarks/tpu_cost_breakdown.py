@@ -40,19 +40,11 @@ does, docs/scaling.md has the error it adds).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _config(path: str):
-  spec = importlib.util.spec_from_file_location('cost_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def _bf16_logits_attention(q, k, v, kv_lengths=None, causal=False,
@@ -214,11 +206,10 @@ def _errors(model):
   print('\n| attention at ' + str(shape) + ' in bf16 | logit std | out | dq '
         '| dk | dv |\n|---|---|---|---|---|---|')
   cpu = jax.devices('cpu')[0]
+  q1, k1, v, g = (jax.device_put(jax.random.normal(kk, shape), cpu)
+                  for kk in jax.random.split(jax.random.key(0), 4))
   for amplitude in (1.0, 3.0, 6.0):
-    keys = jax.random.split(jax.random.key(0), 4)
-    q, k, v, g = (jax.device_put(jax.random.normal(kk, shape), cpu)
-                  for kk in keys)
-    q, k = amplitude * q, amplitude * k
+    q, k = amplitude * q1, amplitude * k1
     std = float(jnp.std(jnp.einsum('btnh,bsnh->bnts', q, k))
                 * shape[-1] ** -0.5)
 
@@ -260,8 +251,9 @@ def main(argv=None) -> int:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from prolip_jax.aot import compiler  # pylint: disable=g-import-not-at-top
   from prolip_jax.aot.targets import resolve  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
 
-  config = _config(args.config)
+  config = presets.load_config_file(args.config)
   for item in args.set:
     key, value = item.split('=', 1)
     config.update_from_flattened_dict({key: _parse(value)})
