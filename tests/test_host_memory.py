@@ -56,9 +56,17 @@ def test_freed_step_buffer_is_reused_not_mapped_afresh():
   assert pages * 4096 > 64 << 20
   # glibc as it is: every call maps the buffer afresh and faults its pages.
   assert default > pages // 2, (pages, default)
-  pages, kept = _faults('keep')
-  # A tenth: other allocations of a loaded process may fault some pages.
-  assert kept < pages // 10, (pages, kept)
+  # A tenth: other allocations of a loaded process may fault some pages. Up
+  # to three processes: in one CI run in many (a loaded machine), a process's
+  # heap grew past its freed buffer instead of reusing it; a broken setting
+  # faults the whole buffer in every one.
+  tries = []
+  for _ in range(3):
+    pages, kept = _faults('keep')
+    tries.append(kept)
+    if kept < pages // 10:
+      break
+  assert min(tries) < pages // 10, (pages, tries)
 
 
 @pytest.mark.parametrize('platforms,expected', [
