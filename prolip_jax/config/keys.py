@@ -219,6 +219,13 @@ KEYS: dict[str, Key] = {
                         'no update, no optimizer state', OPTIMIZER_TREE),
     # -- data
     'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
+    # An open subtree: the entries are read by data/sources.py (mixture.py);
+    # any change of one on resume is refused (the mixed order is a function
+    # of the weights: docs/config_and_resume.md).
+    'data.sources': Key({}, 'weighted mixture instead of data.name: {label: '
+                        '{name, weight, <data.* source fields: path, split, '
+                        'tfds_name, ...>}} mixed by grain.MapDataset.mix '
+                        '(empty: data.name alone)', DATA),
     'data.split': Key('train', 'split of a bundled source (digits, emoji): '
                       'train, or fit + val (validation carved from train)',
                       DATA),

@@ -35,6 +35,7 @@ from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.config import keys as config_keys
 from prolip_jax.data import bad_records
+from prolip_jax.data import mixture
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
@@ -451,10 +452,12 @@ def _build(config, workdir: Workdir, objective) -> _Run:
 
 
 def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
-                 source) -> dict[str, float]:
+                 source, records: int = 0) -> dict[str, float]:
   """A ``metrics.jsonl`` row: the step's metrics (host values), samples/s,
   the count of skipped non-finite steps and the bad-record counters of
-  ``source`` (when it checks its records)."""
+  ``source`` (when it checks its records); for a mixture (``data.sources``)
+  also each source's counts after ``records`` records of the global stream
+  (``mixture.metrics_row``)."""
   row = {k: float(np.asarray(v)) for k, v in metrics.items()}
   row['samples_per_sec'] = rate
   row['nonfinite_steps'] = nonfinite_total
@@ -463,6 +466,8 @@ def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
     row['data/bad_records'] = bad['bad']
     row['data/records_seen'] = bad['seen']
     row['data/bad_fraction'] = bad['bad_fraction']
+  if isinstance(source, mixture.Mixture):
+    row.update(mixture.metrics_row(source, records))
   return row
 
 
@@ -477,7 +482,8 @@ def _log_row(config, step: int, end: int, metrics: dict,
   metrics = jax.device_get(metrics)
   now = time.time()
   rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
-  row = _metrics_row(metrics, rate, nonfinite_total, source)
+  row = _metrics_row(metrics, rate, nonfinite_total, source,
+                     step * config.batch_size)
   row.update(report.end_interval(step))
   writer.write(step, row)
   if jax.process_index() == 0:
@@ -624,7 +630,9 @@ def _announce(config, mesh, workdir: Workdir, start: int, end: int,
   per evaluator that will not run (process 0)."""
   if jax.process_index() != 0:
     return
-  print(f'prolip_jax: {config.objective} on {config.data.name}, '
+  mixed = config_keys.get(config, 'data.sources')
+  data = mixture.describe(mixed) if mixed else config.data.name
+  print(f'prolip_jax: {config.objective} on {data}, '
         f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
         f'batch {config.batch_size}, steps {start} -> {end} of '
         f'{config.total_steps}, workdir {workdir}', flush=True)

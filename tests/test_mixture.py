@@ -1,0 +1,230 @@
+"""Weighted mixtures of training sources (``data.sources``, data/mixture.py):
+Grain's interleave counted exactly, the batches' shares, hosts, resumption,
+per-source metrics and the drift rule for the weights."""
+
+import io
+import json
+import os
+
+import grain
+import jax
+import numpy as np
+import pytest
+
+from prolip_jax import errors
+from prolip_jax.config import drift as config_drift
+from prolip_jax.config import presets
+from prolip_jax.data import mixture
+from prolip_jax.data import pipeline
+from prolip_jax.data import record_format
+from prolip_jax.data import sources
+from prolip_jax.data import transforms
+from prolip_jax.storage import checkpoint
+from prolip_jax.training import train
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                          'configs')
+RED = (250, 0, 0)
+
+
+def _tokens(text):
+  """A stand-in tokenizer: the caption's first letter as the one token."""
+  out = np.zeros((1, 4), np.int32)
+  out[0, 0] = ord(text[0])
+  return out
+
+
+def _memory_source(letter, n):
+  """``n`` records of 8x8 images whose caption starts with ``letter``."""
+  return [{'image': np.full((8, 8, 3), i % 250, np.uint8),
+           'caption': f'{letter}{i}'} for i in range(n)]
+
+
+def _tagged(labels_weights, n):
+  """The source index of each of the first ``n`` records of Grain's mix."""
+  children = [grain.MapDataset.range(10**9).map(lambda _, i=i: i)
+              for i in range(len(labels_weights))]
+  mixed = grain.MapDataset.mix(children, list(labels_weights))
+  return np.asarray([mixed[k] for k in range(n)])
+
+
+@pytest.mark.parametrize('weights', [(0.7, 0.3), (1.0, 1.0, 1.0),
+                                     (0.5, 0.2, 0.3), (0.013, 1.0, 7.7)])
+def test_records_drawn_counts_grains_own_interleave(weights):
+  tags = _tagged(weights, 1500)
+  for n in (0, 1, 7, 333, 1000, 1500):
+    np.testing.assert_array_equal(
+        mixture.records_drawn(weights, n),
+        np.bincount(tags[:n], minlength=len(weights)))
+  # Grain's rounding: the smallest weight scaled to 100, the rest truncated.
+  assert mixture.proportions((0.7, 0.3)) == (233, 100)
+
+
+def _mixture(weights=(0.75, 0.25), sizes=(37, 11)):
+  return mixture.Mixture(('a', 'b'), tuple(
+      _memory_source(letter, n) for letter, n in zip('ab', sizes)), weights)
+
+
+def _dataset(mix, process_index=0, process_count=1, batch=8):
+  return pipeline.train_dataset(
+      mix, tokenizer=_tokens, image_size=8, global_batch_size=batch,
+      seed=3, augment=transforms.AugmentConfig(),
+      process_index=process_index, process_count=process_count)
+
+
+def test_mixed_batches_hold_the_weights_on_any_host_count_and_resume():
+  mix, steps, batch = _mixture(), 12, 8
+  ds = _dataset(mix)
+  batches = [ds[i] for i in range(steps)]
+  letters = np.concatenate([b['tokens'][:, 0] for b in batches])
+  # Each batch's share of each source is exactly Grain's arithmetic.
+  for i in range(1, steps + 1):
+    got = [int(np.sum(letters[:i * batch] == ord(c))) for c in 'ab']
+    np.testing.assert_array_equal(
+        got, mixture.records_drawn(mix.weights, i * batch))
+  # Within an epoch of a source no record repeats (it was shuffled, not
+  # sampled with replacement): 'b' has 11 records, 24 drawn.
+  b_caps = [int(t) for t in letters if t == ord('b')]
+  assert len(b_caps) == 24
+  # Two hosts read the same global batch, each its contiguous half.
+  halves = [_dataset(mix, p, 2) for p in range(2)]
+  for i in (0, 5, 11):
+    for key in ('image', 'tokens', 'aug'):
+      np.testing.assert_array_equal(
+          np.concatenate([h[i][key] for h in halves]), batches[i][key])
+  # A resumed read (a rebuilt dataset from step k) gives the same batches.
+  resumed = pipeline.iterate_from(_dataset(_mixture()), 7, num_threads=1)
+  for i in range(7, steps):
+    got = next(resumed)
+    for key in ('image', 'tokens', 'aug'):
+      np.testing.assert_array_equal(got[key], batches[i][key])
+
+
+def test_mixture_records_are_each_sources_permutation():
+  mix = _mixture(sizes=(37, 11))
+  records = mixture.mixed_records(mix, seed=3)
+  n = 4 * 48
+  caps = [records[k]['caption'] for k in range(n)]
+  b = [c for c in caps if c[0] == 'b']
+  # Every epoch of 11 draws of 'b' is a permutation of its 11 records.
+  for start in range(0, len(b) - 10, 11):
+    assert sorted(b[start:start + 11]) == sorted(f'b{i}' for i in range(11))
+  # The two sources are shuffled with different seeds.
+  assert mixture.source_seed(3, 'a') != mixture.source_seed(3, 'b')
+
+
+def _config(**entries):
+  c = presets.load_config_file(os.path.join(CONFIG_DIR, 'prolip_micro.py'))
+  c.data.sources = entries
+  c.mesh.num_devices = 1  # one device, whatever the host has
+  return c
+
+
+@pytest.mark.parametrize('entry,match', [
+    ({'name': 'digits', 'weight': 0}, r'data\.sources\.x\.weight'),
+    ({'name': 'digits', 'weight': 'lots'}, r'data\.sources\.x\.weight'),
+    ({'name': 'digits'}, r'data\.sources\.x\.weight'),
+    ({'name': 'digits', 'weight': 1.0, 'pth': 'a'}, 'pth'),
+    ({'weight': 1.0}, 'no name'),
+])
+def test_a_bad_entry_is_a_one_line_config_error(entry, match):
+  with pytest.raises(errors.ConfigError, match=match) as raised:
+    sources.train_source(_config(x=entry, y={'name': 'digits',
+                                              'weight': 1.0}))
+  assert '\n' not in str(raised.value)
+
+
+def test_changing_the_weights_on_resume_is_refused():
+  stored = json.loads(_config(
+      a={'name': 'digits', 'weight': 0.7},
+      b={'name': 'digits', 'weight': 0.3}).to_json_best_effort())
+  same = _config(b={'name': 'digits', 'weight': 0.3},
+                 a={'name': 'digits', 'weight': 0.7})  # order is no change
+  assert config_drift.check(stored, same, step=4) == []
+  changed = _config(a={'name': 'digits', 'weight': 0.5},
+                    b={'name': 'digits', 'weight': 0.3})
+  with pytest.raises(errors.ConfigDriftError,
+                     match=r'data\.sources\.a\.weight: 0\.7 -> 0\.5 '
+                     r'\(changes the data order'):
+    config_drift.check(stored, changed, step=4)
+  # Turning a single-source run into a mixture is a change too.
+  single = json.loads(_config().to_json_best_effort())
+  with pytest.raises(errors.ConfigDriftError, match='data.sources.a.name'):
+    config_drift.check(single, changed, step=4)
+
+
+def _red_shard(directory, n=40):
+  """One array_record shard of ``n`` solid red JPEGs (digits are grey)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  writer = record_format.ShardWriter(os.path.join(directory,
+                                                  'red.array_record'))
+  for i in range(n):
+    buf = io.BytesIO()
+    Image.new('RGB', (40, 40), RED).save(buf, 'JPEG')
+    writer.write(record_format.serialize_example(
+        buf.getvalue(), f'a red square number {i}', f'red{i}'))
+  writer.close()
+  return os.path.join(directory, '*.array_record')
+
+
+def _red_rows(batch):
+  """Which rows of a host-cropped batch (no colour jitter) are red."""
+  image = batch['image'].astype(np.int32)
+  return (image[..., 0] - image[..., 1]).mean(axis=(1, 2)) > 100
+
+
+def test_digits_and_array_record_mix_by_weight(tmp_path):
+  cfg = _config(red={'name': 'array_record', 'weight': 0.3,
+                     'path': _red_shard(str(tmp_path))},
+                digits={'name': 'digits', 'weight': 0.7, 'split': 'val'})
+  source, _ = sources.train_source(cfg)
+  assert source.labels == ('digits', 'red')
+  assert len(source.sources[0]) == len(sources.digits.split('val')[1])
+  ds = pipeline.train_dataset(
+      source, tokenizer=_tokens, image_size=16, global_batch_size=16,
+      seed=0, augment=transforms.AugmentConfig(color_on_device=True))
+  reds = sum(int(_red_rows(ds[i]).sum()) for i in range(6))
+  assert reds == mixture.records_drawn((0.7, 0.3), 6 * 16)[1] == 28
+  # The red source checks its records on its own; digits has no checking.
+  assert set(source.source_stats()) == {'red'}
+  assert source.stats()['seen'] == source.source_stats()['red']['seen'] > 0
+
+
+@pytest.mark.slow
+def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path):
+  """digits + a red array_record set through the real loop: a run stopped
+  at step 2 and resumed ends bit-identical to the uninterrupted run, and
+  metrics.jsonl counts each source's records as Grain mixes them."""
+  cfg = _config(red={'name': 'array_record', 'weight': 0.25,
+                     'path': _red_shard(str(tmp_path / 'red'))},
+                digits={'name': 'digits', 'weight': 0.75})
+  cfg.total_steps = 4
+  cfg.evals = {}
+  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
+  part = train.train_and_evaluate(cfg, str(tmp_path / 'split'), max_steps=2)
+  assert part['step'] == 2
+  resumed = train.train_and_evaluate(cfg, str(tmp_path / 'split'))
+  assert full['step'] == resumed['step'] == 4
+  p_full, _ = checkpoint.load_params(str(tmp_path / 'full'))
+  p_split, _ = checkpoint.load_params(str(tmp_path / 'split'))
+  for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_split)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for run in ('full', 'split'):
+    rows = [json.loads(l) for l in open(tmp_path / run / 'metrics.jsonl')]
+    rows = [r for r in rows if 'loss' in r]
+    assert [r['step'] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+      digits, red = mixture.records_drawn((0.75, 0.25), r['step'] * 16)
+      assert (r['data/source_count/digits'],
+              r['data/source_count/red']) == (digits, red)
+      assert r['data/records_seen/red'] > 0
+      assert r['data/bad_records/red'] == 0
+  assert (rows[-1]['data/source_count/digits'],
+          rows[-1]['data/source_count/red']) == (48, 16)
+  # New weights on resume: refused in one line, nothing trained.
+  cfg.total_steps = 6
+  cfg.data.sources.red.weight = 0.5
+  with pytest.raises(errors.ConfigDriftError, match='data.sources.red.weight'):
+    train.train_and_evaluate(cfg, str(tmp_path / 'split'))
+  assert checkpoint.latest_step(str(tmp_path / 'split')) == 4
