@@ -13,6 +13,7 @@ import pytest
 
 from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
+from prolip_jax.config import keys as config_keys
 from prolip_jax.config import presets
 from prolip_jax.data import mixture
 from prolip_jax.data import pipeline
@@ -147,6 +148,16 @@ def test_changing_the_weights_on_resume_is_refused():
                      match=r'data\.sources\.a\.weight: 0\.7 -> 0\.5 '
                      r'\(changes the data order'):
     config_drift.check(stored, changed, step=4)
+  # An entry's data.* fields keep their own rule: the TFDS folder may move
+  # (as data.tfds_data_dir may), the shards may not change.
+  moved = _config(a={'name': 'digits', 'weight': 0.7},
+                  b={'name': 'digits', 'weight': 0.3,
+                     'tfds_data_dir': '/elsewhere'})
+  assert config_drift.check(stored, moved, step=4) == [
+      "data.sources.b.tfds_data_dir: '<absent>' -> '/elsewhere'"]
+  assert config_keys.fixed_reason('data.sources.b.path') == config_keys.DATA
+  assert config_keys.meaning('data.sources.b.path') == config_keys.meaning(
+      'data.path')
   # Turning a single-source run into a mixture is a change too.
   single = json.loads(_config().to_json_best_effort())
   with pytest.raises(errors.ConfigDriftError, match='data.sources.a.name'):
