@@ -83,6 +83,15 @@ def test_mixed_batches_hold_the_weights_on_any_host_count_and_resume():
     got = [int(np.sum(letters[:i * batch] == ord(c))) for c in 'ab']
     np.testing.assert_array_equal(
         got, mixture.records_drawn(mix.weights, i * batch))
+  # The batch's records are permuted: a source does not sit at fixed rows
+  # (Grain's 300:100 interleave alone puts 'b' at 2 of the 8 rows, every
+  # batch; masked copies take every 8th row).
+  rows_of_b = {r for b in batches for r in np.flatnonzero(
+      b['tokens'][:, 0] == ord('b'))}
+  assert len(rows_of_b) > 2
+  unpermuted = mixture.mixed_records(mix, seed=3)
+  assert len({k % batch for k in range(steps * batch)
+              if unpermuted[k]['caption'][0] == 'b'}) == 2
   # Within an epoch of a source no record repeats (it was shuffled, not
   # sampled with replacement): 'b' has 11 records, 24 drawn.
   b_caps = [int(t) for t in letters if t == ord('b')]

@@ -12,9 +12,11 @@ scales the weights so that the smallest is 100 and truncates, e.g. 0.7 and
 as the proportions allow. Each source is shuffled on its own (reshuffled
 every epoch, with a seed of its own derived from ``config.seed`` and its
 label) and repeated before mixing, so the mixture is infinite and the
-proportions hold at every step, not only on average; record ``k`` of the
-mixture is a pure function of (seed, weights, k), which keeps
-``pipeline.train_dataset``'s exact resumption and host independence.
+proportions hold at every step, not only on average; then the records of
+each global batch are permuted (``mixed_records``), which keeps each
+batch's counts and moves the sources off fixed batch positions. Record ``k``
+of the mixture is a pure function of (seed, weights, batch size, k), which
+keeps ``pipeline.train_dataset``'s exact resumption and host independence.
 
 The entries are taken in the order of their sorted labels, so the order a
 config file or a stored JSON config lists them in does not change the data.
@@ -123,17 +125,33 @@ def source_seed(seed: int, label: str) -> int:
   return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
-def mixed_records(mixture: Mixture, seed: int) -> grain.MapDataset:
+def mixed_records(mixture: Mixture, seed: int,
+                  batch_size: int = 1) -> grain.MapDataset:
   """The infinite, random-access stream of mixed records: each source
-  shuffled (every epoch anew) and repeated, then ``grain.MapDataset.mix``
-  with ``mixture.weights``."""
+  shuffled (every epoch anew) and repeated, ``grain.MapDataset.mix`` with
+  ``mixture.weights``, then the records of each window of ``batch_size``
+  (a global batch) permuted.
+
+  The permutation keeps every batch's records (and so each source's count
+  in it) and breaks the interleave's period: without it, weights 3:1 put
+  the second source at every 4th position of every batch, so the rows a
+  batch position selects (ProLIP's masked copies take every 8th row, each
+  host and device its contiguous rows) would come from one source only.
+  """
   children = []
   for label, source in zip(mixture.labels, mixture.sources):
     if not len(source):
       raise errors.ConfigError(f'data.sources.{label} has no records')
     children.append(grain.MapDataset.source(source).seed(
         source_seed(seed, label)).shuffle().repeat(None))
-  return grain.MapDataset.mix(children, list(mixture.weights))
+  mixed = grain.MapDataset.mix(children, list(mixture.weights))
+  if batch_size == 1:
+    return mixed
+  # Grain adds the window's index to this seed and needs < 2**32: keep
+  # 2**31 windows of headroom.
+  window_seed = source_seed(seed, '') % 2**31
+  return grain.experimental.WindowShuffleMapDataset(
+      mixed, window_size=batch_size, seed=window_seed)
 
 
 def entries(sources: Mapping[str, Any]) -> list[tuple[str, dict]]:

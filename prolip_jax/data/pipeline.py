@@ -80,8 +80,9 @@ def local_batch_size(global_batch_size: int, process_count: int) -> int:
   return global_batch_size // process_count
 
 
-def train_dataset(source: Sequence[dict] | mixture.Mixture, *, tokenizer: Tokenizer,
-                  image_size: int, global_batch_size: int, seed: int,
+def train_dataset(source: Sequence[dict] | mixture.Mixture, *,
+                  tokenizer: Tokenizer, image_size: int,
+                  global_batch_size: int, seed: int,
                   augment: transforms.AugmentConfig = transforms.AugmentConfig(),
                   process_index: int = 0, process_count: int = 1,
                   num_views: int = 1) -> grain.MapDataset:
@@ -95,8 +96,8 @@ def train_dataset(source: Sequence[dict] | mixture.Mixture, *, tokenizer: Tokeni
   Augmentation draws from a per-element RNG derived from ``seed``, so any
   element can be recomputed exactly. ``source`` may be a
   ``mixture.Mixture`` (``data.sources``): the stream is then the sources'
-  weighted mix (``mixture.mixed_records``), batched the same way, so the
-  first ``i*B`` records hold ``mixture.records_drawn(weights, i*B)`` of
+  weighted mix (``mixture.mixed_records``, each batch's records permuted),
+  batched the same way, so the first ``i*B`` records hold ``mixture.records_drawn(weights, i*B)`` of
   each source. ``num_views > 1``: ``image`` is
   ``(b, V, s, s, 3)`` and ``aug`` ``(b, V, AUG_DIM)`` (see ``TrainTransform``).
   """
@@ -105,7 +106,7 @@ def train_dataset(source: Sequence[dict] | mixture.Mixture, *, tokenizer: Tokeni
                      f'{process_count})')
   local = local_batch_size(global_batch_size, process_count)
   if isinstance(source, mixture.Mixture):
-    ds = mixture.mixed_records(source, seed)
+    ds = mixture.mixed_records(source, seed, global_batch_size)
   else:
     if len(source) < global_batch_size:
       raise ValueError(f'the dataset has {len(source)} records, fewer than '
