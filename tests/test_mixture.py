@@ -248,3 +248,12 @@ def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path):
   with pytest.raises(errors.ConfigDriftError, match='data.sources.red.weight'):
     train.train_and_evaluate(cfg, str(tmp_path / 'split'))
   assert checkpoint.latest_step(str(tmp_path / 'split')) == 4
+
+
+def test_pcclip_refuses_a_mixture():
+  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
+  c = presets.load_config_file(os.path.join(CONFIG_DIR, 'pcclip_tiny.py'))
+  objectives.get('pcclip').validate(c)
+  c.data.sources = {'a': {'name': 'digits', 'weight': 1.0}}
+  with pytest.raises(ValueError, match=r'not a mixture \(data\.sources\)'):
+    objectives.get('pcclip').validate(c)
