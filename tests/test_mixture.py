@@ -5,6 +5,7 @@ per-source metrics and the drift rule for the weights."""
 import io
 import json
 import os
+import shutil
 
 import grain
 import jax
@@ -144,7 +145,7 @@ def test_a_bad_entry_is_a_one_line_config_error(entry, match):
   assert '\n' not in str(raised.value)
 
 
-def test_changing_the_weights_on_resume_is_refused():
+def test_drift_rules_weights_may_change_sources_may_not():
   stored = json.loads(_config(
       a={'name': 'digits', 'weight': 0.7},
       b={'name': 'digits', 'weight': 0.3}).to_json_best_effort())
@@ -153,10 +154,8 @@ def test_changing_the_weights_on_resume_is_refused():
   assert config_drift.check(stored, same, step=4) == []
   changed = _config(a={'name': 'digits', 'weight': 0.5},
                     b={'name': 'digits', 'weight': 0.3})
-  with pytest.raises(errors.ConfigDriftError,
-                     match=r'data\.sources\.a\.weight: 0\.7 -> 0\.5 '
-                     r'\(changes the data order'):
-    config_drift.check(stored, changed, step=4)
+  assert config_drift.check(stored, changed, step=4) == [
+      'data.sources.a.weight: 0.7 -> 0.5']
   # An entry's data.* fields keep their own rule: the TFDS folder may move
   # (as data.tfds_data_dir may), the shards may not change.
   moved = _config(a={'name': 'digits', 'weight': 0.7},
@@ -167,10 +166,50 @@ def test_changing_the_weights_on_resume_is_refused():
   assert config_keys.fixed_reason('data.sources.b.path') == config_keys.DATA
   assert config_keys.meaning('data.sources.b.path') == config_keys.meaning(
       'data.path')
-  # Turning a single-source run into a mixture is a change too.
+  # Adding a source, or turning a single-source run into a mixture, is not.
+  added = _config(a={'name': 'digits', 'weight': 0.7},
+                  b={'name': 'digits', 'weight': 0.3},
+                  c={'name': 'digits', 'weight': 0.3})
+  with pytest.raises(errors.ConfigDriftError, match=r'data\.sources\.c\.name'):
+    config_drift.check(stored, added, step=4)
   single = json.loads(_config().to_json_best_effort())
   with pytest.raises(errors.ConfigDriftError, match='data.sources.a.name'):
     config_drift.check(single, changed, step=4)
+
+
+def test_new_weights_continue_each_source_where_it_stopped():
+  before = _mixture()
+  history = mixture.continue_history(
+      mixture.history_meta(before), ('a', 'b'), (0.5, 0.5), 40)
+  assert history == ((0, (0.75, 0.25)), (40, (0.5, 0.5)))
+  after = mixture.Mixture(before.labels, before.sources, (0.5, 0.5), history)
+  old, new = (mixture.mixed_records(m, seed=3) for m in (before, after))
+  n = 200
+  old_caps = [old[k]['caption'] for k in range(n)]
+  new_caps = [new[k]['caption'] for k in range(n)]
+  assert new_caps[:40] == old_caps[:40]
+  for letter in 'ab':  # each source's own order goes on, no jump
+    mine = [c for c in new_caps if c[0] == letter]
+    theirs = [c for c in old_caps if c[0] == letter]
+    k = min(len(mine), len(theirs))
+    assert mine[:k] == theirs[:k]
+  # Counts: 30 + 10 before record 40, then half each of the 160 after.
+  np.testing.assert_array_equal(mixture.drawn_so_far(after, n), [110, 90])
+  np.testing.assert_array_equal(
+      mixture.drawn_so_far(after, n),
+      [sum(c[0] == letter for c in new_caps) for letter in 'ab'])
+  # Resumed again later with the same weights: the same history; at the
+  # very step of a change with yet other weights: that change replaced.
+  stored = mixture.history_meta(after)
+  assert mixture.continue_history(stored, ('a', 'b'), (0.5, 0.5),
+                                  80) == history
+  assert mixture.continue_history(stored, ('a', 'b'), (0.2, 0.8), 40) == (
+      (0, (0.75, 0.25)), (40, (0.2, 0.8)))
+  # Resumed from a checkpoint before the change: the change is forgotten.
+  assert mixture.continue_history(stored, ('a', 'b'), (0.75, 0.25),
+                                  24) == ((0, (0.75, 0.25)),)
+  with pytest.raises(errors.ConfigError, match='mixed the sources'):
+    mixture.continue_history(stored, ('a', 'c'), (0.5, 0.5), 80)
 
 
 def _red_shard(directory, n=40):
@@ -212,10 +251,12 @@ def test_digits_and_array_record_mix_by_weight(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path):
+def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path,
+                                                                capsys):
   """digits + a red array_record set through the real loop: a run stopped
   at step 2 and resumed ends bit-identical to the uninterrupted run, and
-  metrics.jsonl counts each source's records as Grain mixes them."""
+  metrics.jsonl counts each source's records as Grain mixes them; new
+  weights on resume continue each source and resume exactly again."""
   cfg = _config(red={'name': 'array_record', 'weight': 0.25,
                      'path': _red_shard(str(tmp_path / 'red'))},
                 digits={'name': 'digits', 'weight': 0.75})
@@ -242,18 +283,28 @@ def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path):
       assert r['data/bad_records/red'] == 0
   assert (rows[-1]['data/source_count/digits'],
           rows[-1]['data/source_count/red']) == (48, 16)
-  # New weights on resume: refused in one line, nothing trained.
+  # New weights on resume: applied from the resumed step, each source
+  # continuing where it stopped; a run resumed again after the change (a
+  # kill) reads the same batches.
+  shutil.copytree(tmp_path / 'split', tmp_path / 'changed_twice')
   cfg.total_steps = 6
   cfg.data.sources.red.weight = 0.5
-  with pytest.raises(errors.ConfigDriftError, match='data.sources.red.weight'):
-    train.train_and_evaluate(cfg, str(tmp_path / 'split'))
-  assert checkpoint.latest_step(str(tmp_path / 'split')) == 4
-
-
-def test_pcclip_refuses_a_mixture():
-  from prolip_jax import objectives  # pylint: disable=g-import-not-at-top
-  c = presets.load_config_file(os.path.join(CONFIG_DIR, 'pcclip_tiny.py'))
-  objectives.get('pcclip').validate(c)
-  c.data.sources = {'a': {'name': 'digits', 'weight': 1.0}}
-  with pytest.raises(ValueError, match=r'not a mixture \(data\.sources\)'):
-    objectives.get('pcclip').validate(c)
+  cfg.data.sources.digits.weight = 0.5
+  capsys.readouterr()
+  train.train_and_evaluate(cfg, str(tmp_path / 'split'))
+  assert ('Mixture from step 4 (record 64): a mixture of digits 50.00% '
+          '(100/200), red 50.00% (100/200); each source continues where it '
+          'stopped (records drawn so far: digits 48, red 16)'
+          ) in capsys.readouterr().out
+  train.train_and_evaluate(cfg, str(tmp_path / 'changed_twice'), max_steps=1)
+  train.train_and_evaluate(cfg, str(tmp_path / 'changed_twice'))
+  p_once, _ = checkpoint.load_params(str(tmp_path / 'split'))
+  p_twice, _ = checkpoint.load_params(str(tmp_path / 'changed_twice'))
+  for a, b in zip(jax.tree.leaves(p_once), jax.tree.leaves(p_twice)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for run in ('split', 'changed_twice'):
+    rows = [json.loads(l) for l in open(tmp_path / run / 'metrics.jsonl')]
+    counts = {r['step']: (r['data/source_count/digits'],
+                          r['data/source_count/red'])
+              for r in rows if 'loss' in r}
+    assert counts[5] == (48 + 8, 16 + 8) and counts[6] == (64, 32), run

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import sys
 import zlib
 from typing import Any, Mapping, Optional, Sequence
 
@@ -49,6 +50,14 @@ class Mixture:
   labels: tuple[str, ...]
   sources: tuple[Sequence[dict], ...]
   weights: tuple[float, ...]
+  # ((first record, weights), ...) of a run whose weights changed on resume
+  # (``continue_history``); empty: ``weights`` from record 0.
+  history: tuple[tuple[int, tuple[float, ...]], ...] = ()
+
+  def segments(self) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    """``((first record, weights), ...)``: the weights each stretch of the
+    stream was mixed with, the last one open-ended."""
+    return self.history or ((0, tuple(self.weights)),)
 
   def source_stats(self) -> dict[str, dict]:
     """``{label: bad-record stats}`` of the sources that check their
@@ -117,6 +126,56 @@ def records_drawn(weights: Sequence[float], n: int) -> np.ndarray:
   return counts
 
 
+def segment_offsets(segments) -> list[np.ndarray]:
+  """Per segment of ``Mixture.segments()``, the ``(n_sources,)`` records of
+  each source read before it: each source continues where it stopped."""
+  offsets = [np.zeros(len(segments[0][1]), np.int64)]
+  for (start, weights), (end, _) in zip(segments, segments[1:]):
+    offsets.append(offsets[-1] + records_drawn(weights, end - start))
+  return offsets
+
+
+def drawn_so_far(mixture: Mixture, n: int) -> np.ndarray:
+  """``(n_sources,)``: records of each source among the first ``n`` of the
+  stream, across every weight change (``records_drawn`` per segment)."""
+  segments = mixture.segments()
+  offsets = segment_offsets(segments)
+  j = max(i for i, (start, _) in enumerate(segments) if start <= n)
+  start, weights = segments[j]
+  return offsets[j] + records_drawn(weights, n - start)
+
+
+def continue_history(stored: Any, labels: Sequence[str],
+                     weights: Sequence[float], records: int
+                     ) -> tuple[tuple[int, tuple[float, ...]], ...]:
+  """The mixing history of a run resumed after ``records`` records with
+  ``weights``: the stored one (``Mixture.history`` as a checkpoint keeps
+  it: ``{'labels', 'segments'}``), plus a segment from ``records`` when the
+  weights differ from its last. ``ConfigError`` when the stored history
+  mixed other sources (drift rules refuse that first)."""
+  weights = tuple(float(w) for w in weights)
+  if not stored:
+    return ((0, weights),)
+  if list(stored['labels']) != list(labels):
+    raise errors.ConfigError(
+        f'the checkpoint mixed the sources {stored["labels"]}, this config '
+        f'{list(labels)}: start a new --workdir to mix others')
+  segments = tuple((int(start), tuple(float(w) for w in ws))
+                   for start, ws in stored['segments'])
+  segments = tuple(seg for seg in segments if seg[0] <= records)
+  if segments[-1][1] == weights:
+    return segments
+  if segments[-1][0] == records:  # changed again before any new record
+    segments = segments[:-1]
+  return segments + ((int(records), weights),)
+
+
+def history_meta(mixture: Mixture) -> dict:
+  """What a checkpoint keeps of a mixture for ``continue_history``."""
+  return {'labels': list(mixture.labels),
+          'segments': [[start, list(w)] for start, w in mixture.segments()]}
+
+
 def source_seed(seed: int, label: str) -> int:
   """The shuffle seed of source ``label`` (uint32): derived from the run's
   ``seed`` and the label, so sources never share a permutation and adding
@@ -144,7 +203,19 @@ def mixed_records(mixture: Mixture, seed: int,
       raise errors.ConfigError(f'data.sources.{label} has no records')
     children.append(grain.MapDataset.source(source).seed(
         source_seed(seed, label)).shuffle().repeat(None))
-  mixed = grain.MapDataset.mix(children, list(mixture.weights))
+  segments = mixture.segments()
+  if len(segments) == 1:
+    mixed = grain.MapDataset.mix(children, list(segments[0][1]))
+  else:  # each source continues where the previous weights left it
+    parts = []
+    ends = [start for start, _ in segments[1:]] + [sys.maxsize - 1]
+    for (start, weights), end, offsets in zip(
+        segments, ends, segment_offsets(segments)):
+      part = grain.MapDataset.mix(
+          [child[int(off):] for child, off in zip(children, offsets)],
+          list(weights))
+      parts.append(part[:end - start])
+    mixed = grain.MapDataset.concatenate(parts)
   if batch_size == 1:
     return mixed
   # Grain adds the window's index to this seed and needs < 2**32: keep
@@ -189,7 +260,7 @@ def metrics_row(mixture: Mixture, records: int) -> dict[str, float]:
   own ``data/bad_records/<label>`` and ``data/records_seen/<label>`` (this
   host's reads, as the totals are)."""
   row = {f'data/source_count/{label}': float(count) for label, count in
-         zip(mixture.labels, records_drawn(mixture.weights, records))}
+         zip(mixture.labels, drawn_so_far(mixture, records))}
   for label, stats in mixture.source_stats().items():
     row[f'data/bad_records/{label}'] = stats['bad']
     row[f'data/records_seen/{label}'] = stats['seen']

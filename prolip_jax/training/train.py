@@ -394,6 +394,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     stopper.close()
 
 
+# The checkpoint meta key of a mixture's weight history
+# (mixture.history_meta): a resume continues it.
+MIXTURE_META = 'data_mixture'
+
+
 @dataclasses.dataclass
 class _Run:
   """What ``_build`` makes of a config before any state exists."""
@@ -409,6 +414,47 @@ class _Run:
   abstract: Any  # the TrainState's shapes, dtypes and shardings
   init_rng: jax.Array
   step_rng: jax.Array
+
+
+def _train_dataset(config, objective, source, tokenizer: Tokenizer,
+                   image_size: int):
+  """The run's dataset of local batches (``pipeline.train_dataset``, then
+  the objective's ``wrap_dataset``)."""
+  dataset = pipeline.train_dataset(
+      source, tokenizer=tokenizer, image_size=image_size,
+      global_batch_size=config.batch_size, seed=config.seed,
+      augment=augment_config(config.data),
+      num_views=config_keys.get(config, 'data.num_views'),
+      process_index=jax.process_index(),
+      process_count=jax.process_count())
+  return objective.wrap_dataset(
+      config, dataset, source, tokenizer, image_size,
+      jax.process_index(), jax.process_count())
+
+
+def _continue_mixture(config, objective, run: _Run, mngr, start: int):
+  """A mixture resumed at ``start``: its mixing history from the restored
+  checkpoint, plus the new weights from this step when they changed (each
+  source continues where it stopped; one line says so). Rebuilds
+  ``run.dataset`` when the history is not the config's weights alone."""
+  if not isinstance(run.source, mixture.Mixture) or not start:
+    return
+  stored = checkpoint.read_meta(mngr, start).get(MIXTURE_META)
+  records = start * config.batch_size
+  history = mixture.continue_history(stored, run.source.labels,
+                                     run.source.weights, records)
+  if history == run.source.segments():
+    return
+  run.source = dataclasses.replace(run.source, history=history)
+  run.dataset = _train_dataset(config, objective, run.source, run.tokenizer,
+                               run.model.config.vision.image_size)
+  if history[-1][0] == records and jax.process_index() == 0:
+    drawn = mixture.drawn_so_far(run.source, records)
+    print(f'Mixture from step {start} (record {records}): '
+          f'{mixture.describe(config.data.sources)}; each source continues '
+          'where it stopped (records drawn so far: '
+          + ', '.join(f'{label} {n}' for label, n in
+                      zip(run.source.labels, drawn)) + ')', flush=True)
 
 
 def _build(config, workdir: Workdir, objective) -> _Run:
@@ -432,16 +478,8 @@ def _build(config, workdir: Workdir, objective) -> _Run:
   model = ProLIP(model_cfg, attention=models.attention_impl_for(
       mesh.devices.flat, model_cfg.attention_impl))
   tx, schedule = make_optimizer(config.optim, config.total_steps)
-  dataset = pipeline.train_dataset(
-      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
-      global_batch_size=config.batch_size, seed=config.seed,
-      augment=augment_config(config.data),
-      num_views=config_keys.get(config, 'data.num_views'),
-      process_index=jax.process_index(),
-      process_count=jax.process_count())
-  dataset = objective.wrap_dataset(
-      config, dataset, source, tokenizer, model_cfg.vision.image_size,
-      jax.process_index(), jax.process_count())
+  dataset = _train_dataset(config, objective, source, tokenizer,
+                           model_cfg.vision.image_size)
 
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   init_state, state_shardings = run_state_initializer(config, model, tx,
@@ -518,15 +556,20 @@ def _compiled(step: int, metrics: dict, t_start: float, report):
   report.start_interval(step)
 
 
-def _checkpoint_meta(config, model, tokenizer, objective: Objective) -> dict:
+def _checkpoint_meta(config, model, tokenizer, objective: Objective,
+                     source=None) -> dict:
   """What every checkpoint stores beside the arrays: the run's config, the
-  model's and the tokenizer's, and which of its parameter trees is the
-  model to score (``checkpoint.SCORED``)."""
+  model's and the tokenizer's, which of its parameter trees is the model to
+  score (``checkpoint.SCORED``) and a mixture's weight history
+  (``MIXTURE_META``)."""
   scored = 'teacher' if optimizer.evaluates_ema(config, objective) else (
       'params')
-  return {'config': json.loads(config.to_json_best_effort()),
+  meta = {'config': json.loads(config.to_json_best_effort()),
           'model': model.config.to_dict(), checkpoint.SCORED: scored,
           **checkpoint.tokenizer_meta(tokenizer)}
+  if isinstance(source, mixture.Mixture):
+    meta[MIXTURE_META] = mixture.history_meta(source)
+  return meta
 
 
 def _save(mngr, meta: dict, state, step: int, force: bool = False):
@@ -619,6 +662,8 @@ def _restore(config, objective: Objective, workdir: Workdir,
   start, state = resume.restore_or_init(
       mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
       run.state_shardings, optimizer.keeps_ema(config))
+  with errors.config_errors():
+    _continue_mixture(config, objective, run, mngr, start)
   stopper.check(f'restoring step {start}' if start else 'initialising',
                 resumed=lambda: start > 0)
   return config, run, mngr, start, state
@@ -654,7 +699,7 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
   writer = wandb_sink.tee(writer, config, workdir, is_chief, start)  # + W&B
-  meta = _checkpoint_meta(config, model, tokenizer, objective)
+  meta = _checkpoint_meta(config, model, tokenizer, objective, run.source)
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
   data_iter = pipeline.iterate_from(run.dataset, start,
