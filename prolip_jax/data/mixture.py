@@ -20,6 +20,12 @@ keeps ``pipeline.train_dataset``'s exact resumption and host independence.
 
 The entries are taken in the order of their sorted labels, so the order a
 config file or a stored JSON config lists them in does not change the data.
+
+The weights may change on resume (``continue_history``): the stream is then
+mixed in segments, each with its weights over every source's stream from
+the record that source had reached, so no source re-reads or skips records.
+The checkpoint keeps the segments (``history_meta``), and record ``k`` is a
+pure function of (seed, weight history, batch size, k).
 """
 
 from __future__ import annotations
