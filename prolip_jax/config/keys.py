@@ -219,6 +219,14 @@ KEYS: dict[str, Key] = {
                         'no update, no optimizer state', OPTIMIZER_TREE),
     # -- data
     'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
+    # An open subtree read by data/sources.py (mixture.py). An entry's
+    # weight is SOURCE_WEIGHT (may change on resume), its data.* fields are
+    # declared as data's own (ENTRY_FIELDS_OF); adding or removing a source
+    # is fixed (docs/config_and_resume.md).
+    'data.sources': Key({}, 'weighted mixture instead of data.name: {label: '
+                        '{name, weight, <data.* source fields: path, split, '
+                        'tfds_name, ...>}} mixed by grain.MapDataset.mix '
+                        '(empty: data.name alone)', DATA),
     'data.split': Key('train', 'split of a bundled source (digits, emoji): '
                       'train, or fit + val (validation carved from train)',
                       DATA),
@@ -380,13 +388,35 @@ def check_values(config: Any) -> None:
                        f'(got {value!r}): {declared.meaning}')
 
 
+# ``data.sources.<label>.weight``: may change on resume, the new weights mix
+# from the resumed step on and each source continues where it stopped (the
+# checkpoint keeps the weight history: data/mixture.py continue_history).
+SOURCE_WEIGHT = Key(1.0, "a source's weight in data.sources (> 0); on "
+                    'resume new weights apply from the resumed step, each '
+                    'source continuing where it stopped')
+
+# Open subtrees whose entries repeat the fields of another section: a field
+# ``data.sources.<label>.path`` is declared as ``data.path`` is (its meaning
+# and its fixed-ness on resume); other fields (``weight``) are the subtree's.
+ENTRY_FIELDS_OF = {'data.sources': 'data'}
+
+
 def declaration(key: str) -> Key | None:
   """``key``'s declaration: its own, or that of the open subtree holding it
-  (a declared key whose default is a dict, such as ``evals``); None when
-  undeclared."""
+  (a declared key whose default is a dict, such as ``evals``; for an entry
+  field of ``ENTRY_FIELDS_OF``, the field's own declaration in its
+  section); None when undeclared."""
   if key in KEYS:
     return KEYS[key]
   parts = key.split('.')
+  if len(parts) == 4 and parts[:2] == ['data', 'sources'] and (
+      parts[3] == 'weight'):
+    return SOURCE_WEIGHT
+  for subtree, section in ENTRY_FIELDS_OF.items():
+    depth = subtree.count('.') + 1
+    if (len(parts) == depth + 2 and '.'.join(parts[:depth]) == subtree
+        and f'{section}.{parts[-1]}' in KEYS):
+      return KEYS[f'{section}.{parts[-1]}']
   for i in range(len(parts) - 1, 0, -1):
     found = KEYS.get('.'.join(parts[:i]))
     if found is not None and isinstance(found.default, dict):

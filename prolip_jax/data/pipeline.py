@@ -16,6 +16,7 @@ import grain
 import numpy as np
 
 from prolip_jax.data import image_decode
+from prolip_jax.data import mixture
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 
@@ -79,8 +80,9 @@ def local_batch_size(global_batch_size: int, process_count: int) -> int:
   return global_batch_size // process_count
 
 
-def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
-                  image_size: int, global_batch_size: int, seed: int,
+def train_dataset(source: Sequence[dict] | mixture.Mixture, *,
+                  tokenizer: Tokenizer, image_size: int,
+                  global_batch_size: int, seed: int,
                   augment: transforms.AugmentConfig = transforms.AugmentConfig(),
                   process_index: int = 0, process_count: int = 1,
                   num_views: int = 1) -> grain.MapDataset:
@@ -92,17 +94,24 @@ def train_dataset(source: Sequence[dict], *, tokenizer: Tokenizer,
   depend on how many hosts read it, hosts never read the same record in an
   epoch, and each host decodes only its own rows (Grain datasets are lazy).
   Augmentation draws from a per-element RNG derived from ``seed``, so any
-  element can be recomputed exactly. ``num_views > 1``: ``image`` is
+  element can be recomputed exactly. ``source`` may be a
+  ``mixture.Mixture`` (``data.sources``): the stream is then the sources'
+  weighted mix (``mixture.mixed_records``, each batch's records permuted),
+  batched the same way, so the first ``i*B`` records hold ``mixture.records_drawn(weights, i*B)`` of
+  each source. ``num_views > 1``: ``image`` is
   ``(b, V, s, s, 3)`` and ``aug`` ``(b, V, AUG_DIM)`` (see ``TrainTransform``).
   """
-  if len(source) < global_batch_size:
-    raise ValueError(f'the dataset has {len(source)} records, fewer than one '
-                     f'batch of {global_batch_size}')
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, '
                      f'{process_count})')
   local = local_batch_size(global_batch_size, process_count)
-  ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
+  if isinstance(source, mixture.Mixture):
+    ds = mixture.mixed_records(source, seed, global_batch_size)
+  else:
+    if len(source) < global_batch_size:
+      raise ValueError(f'the dataset has {len(source)} records, fewer than '
+                       f'one batch of {global_batch_size}')
+    ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
   ds = ds.random_map(TrainTransform(tokenizer, image_size, augment,
                                     num_views))
   return ds.batch(local, drop_remainder=True)[process_index::process_count]

@@ -20,6 +20,10 @@ optional caption corpus for training a tokenizer when none is configured.
   and ``data.tfds_caption_key`` (needs ``pip install tensorflow-datasets``
   and the dataset prepared in array_record format).
 
+``data.sources`` (``{label: dict(name=..., weight=..., <data.* source
+fields>)}``) mixes several of these with weights instead (``mixture``); each
+source of a mixture keeps its own bad-record checking and counts.
+
 The real-data sources come wrapped in ``bad_records.CheckedSource``: bad records
 are replaced deterministically and counted (``bad_record_stats``), and more
 than ``data.max_bad_fraction`` of them (after ``data.bad_record_warmup``
@@ -36,6 +40,7 @@ from prolip_jax.data import digits
 from prolip_jax.data import emoji
 from prolip_jax.data import bad_records
 from prolip_jax.data import image_decode
+from prolip_jax.data import mixture
 from prolip_jax.data import paraphrases
 from prolip_jax.data import record_sources
 from prolip_jax.data import transforms
@@ -43,13 +48,20 @@ from prolip_jax.data import transforms
 SOURCES = ('digits', 'emoji', 'array_record', 'tfds')
 
 
+# The ``data.*`` fields a ``data.sources`` entry may set for itself (besides
+# ``weight``); the ones it omits are ``data``'s own.
+ENTRY_FIELDS = ('name', 'split', 'render_size', 'captions', 'path',
+                'tfds_name', 'tfds_split', 'tfds_data_dir', 'tfds_image_key',
+                'tfds_caption_key', 'max_bad_fraction', 'bad_record_warmup',
+                'tokenizer_max_sentences')
+
+
 def _get(data, name: str):
   # A data-only config may lack a key: its declared default applies.
   return data.get(name, config_keys.default(f'data.{name}'))
 
 
-def _checked(source, config) -> bad_records.CheckedSource:
-  data = config.data
+def _checked(source, config, data) -> bad_records.CheckedSource:
   # Decode JPEGs no larger than every training crop needs (see
   # image_decode.train_min_pixels): the crop is then drawn on the smaller image.
   # A config without the image size (a data-only config) decodes in full.
@@ -63,45 +75,87 @@ def _checked(source, config) -> bad_records.CheckedSource:
       warmup=int(_get(data, 'bad_record_warmup')), min_pixels=min_pixels)
 
 
-def train_source(config) -> tuple[Sequence[dict], Optional[Callable[[], list]]]:
-  """The training records and a caption corpus for the tokenizer (or None)."""
-  data = config.data
+def _one_source(config, data, where: str = 'data'
+                ) -> tuple[Sequence[dict], Callable[[], list]]:
+  """The records and caption corpus of the source that ``data`` (the
+  ``data`` config, or one ``data.sources`` entry laid over it) names;
+  ``where`` names it in errors."""
+  name = data.get('name')
   captions = _get(data, 'captions')
   if captions not in paraphrases.CAPTION_MODES:
     raise errors.ConfigError(
-        f'data.captions must be one of {paraphrases.CAPTION_MODES}, got '
+        f'{where}.captions must be one of {paraphrases.CAPTION_MODES}, got '
         f'{captions!r}')
-  if data.name == 'digits':
+  if name == 'digits':
     return (digits.records(_get(data, 'split'), captions),
             lambda: digits.tokenizer_corpus(captions))
-  if data.name == 'emoji':
+  if name == 'emoji':
     split = _get(data, 'split')
     return (emoji.records(split, _get(data, 'render_size'), captions),
             lambda: emoji.tokenizer_corpus(split, captions))
   if captions != 'templates':
     raise errors.ConfigError(
-        f"data.captions={captions!r} needs a bundled source (digits, emoji): "
-        f'{data.name!r} records bring their own captions')
+        f"{where}.captions={captions!r} needs a bundled source (digits, "
+        f'emoji): {name!r} records bring their own captions')
   max_sentences = int(_get(data, 'tokenizer_max_sentences'))
-  if data.name == 'array_record':
+  if name == 'array_record':
     path = _get(data, 'path')
     if not path:
-      raise ValueError("data.name='array_record' needs data.path (a glob of "
-                       '.array_record shards)')
+      raise ValueError(f"{where}.name='array_record' needs {where}.path (a "
+                       'glob of .array_record shards)')
     raw = record_sources.ArrayRecordSource(path)
-  elif data.name == 'tfds':
-    name = _get(data, 'tfds_name')
-    if not name:
-      raise ValueError("data.name='tfds' needs data.tfds_name")
+  elif name == 'tfds':
+    tfds_name = _get(data, 'tfds_name')
+    if not tfds_name:
+      raise ValueError(f"{where}.name='tfds' needs {where}.tfds_name")
     raw = record_sources.tfds_source(
-        name, split=_get(data, 'tfds_split'),
+        tfds_name, split=_get(data, 'tfds_split'),
         data_dir=_get(data, 'tfds_data_dir') or None,
         image_key=_get(data, 'tfds_image_key'),
         caption_key=_get(data, 'tfds_caption_key'))
   else:
-    raise ValueError(f'unknown data.name {data.name!r}; have {SOURCES}')
-  return _checked(raw, config), lambda: record_sources.caption_corpus(
+    raise ValueError(f'unknown {where}.name {name!r}; have {SOURCES}')
+  return _checked(raw, config, data), lambda: record_sources.caption_corpus(
       raw, max_sentences)
+
+
+def _mixture_source(config, entries) -> tuple[mixture.Mixture,
+                                              Callable[[], list]]:
+  """The ``mixture.Mixture`` of ``data.sources`` and the corpus of all its
+  sources' captions."""
+  base = config.data.to_dict() if hasattr(config.data, 'to_dict') else dict(
+      config.data)
+  for label, entry in entries:  # every entry checked before any reading
+    unknown = sorted(set(entry) - set(ENTRY_FIELDS) - {'weight'})
+    if unknown or 'name' not in entry:
+      raise errors.ConfigError(
+          f'data.sources.{label} needs name and weight and may set '
+          f'{", ".join(ENTRY_FIELDS[1:])}; got '
+          f'{", ".join(unknown) if unknown else "no name"}')
+  labels = [label for label, _ in entries]
+  weights = [entry.get('weight') for _, entry in entries]
+  mixture.check_weights(labels, weights)
+  records, corpora = [], []
+  for label, entry in entries:
+    fields = {k: v for k, v in entry.items() if k != 'weight'}
+    source, corpus = _one_source(config, {**base, **fields},
+                                 f'data.sources.{label}')
+    records.append(source)
+    corpora.append(corpus)
+  return (mixture.Mixture(tuple(labels), tuple(records), tuple(weights)),
+          lambda: [line for corpus in corpora for line in corpus()])
+
+
+def train_source(config) -> tuple[Any, Optional[Callable[[], list]]]:
+  """The training records and a caption corpus for the tokenizer (or None).
+
+  The records are a random-access sequence, or with ``data.sources`` set a
+  ``mixture.Mixture`` of several (``pipeline.train_dataset`` takes both).
+  """
+  entries = mixture.entries(_get(config.data, 'sources') or {})
+  if entries:
+    return _mixture_source(config, entries)
+  return _one_source(config, config.data)
 
 
 def bad_record_stats(source: Any) -> Optional[dict]:

@@ -159,6 +159,10 @@ class PCCLIPObjective(CLIPObjective):
     if int(config.loss.pcclip_max_phrases) < 0:
       raise ValueError('loss.pcclip_max_phrases must be >= 0 (0: every '
                        f'difference), got {config.loss.pcclip_max_phrases}')
+    if config.data.get('sources'):
+      raise ValueError("objective 'pcclip' builds its difference pairs from "
+                       'one source (data.name), not a mixture '
+                       '(data.sources)')
     if config.data.name != 'digits':
       raise ValueError("objective 'pcclip' builds its difference pairs from "
                        "per-record attributes, which only data.name='digits' "

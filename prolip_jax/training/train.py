@@ -35,6 +35,7 @@ from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.config import keys as config_keys
 from prolip_jax.data import bad_records
+from prolip_jax.data import mixture
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
@@ -393,6 +394,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     stopper.close()
 
 
+# The checkpoint meta key of a mixture's weight history
+# (mixture.history_meta): a resume continues it.
+MIXTURE_META = 'data_mixture'
+
+
 @dataclasses.dataclass
 class _Run:
   """What ``_build`` makes of a config before any state exists."""
@@ -408,6 +414,47 @@ class _Run:
   abstract: Any  # the TrainState's shapes, dtypes and shardings
   init_rng: jax.Array
   step_rng: jax.Array
+
+
+def _train_dataset(config, objective, source, tokenizer: Tokenizer,
+                   image_size: int):
+  """The run's dataset of local batches (``pipeline.train_dataset``, then
+  the objective's ``wrap_dataset``)."""
+  dataset = pipeline.train_dataset(
+      source, tokenizer=tokenizer, image_size=image_size,
+      global_batch_size=config.batch_size, seed=config.seed,
+      augment=augment_config(config.data),
+      num_views=config_keys.get(config, 'data.num_views'),
+      process_index=jax.process_index(),
+      process_count=jax.process_count())
+  return objective.wrap_dataset(
+      config, dataset, source, tokenizer, image_size,
+      jax.process_index(), jax.process_count())
+
+
+def _continue_mixture(config, objective, run: _Run, mngr, start: int):
+  """A mixture resumed at ``start``: its mixing history from the restored
+  checkpoint, plus the new weights from this step when they changed (each
+  source continues where it stopped; one line says so). Rebuilds
+  ``run.dataset`` when the history is not the config's weights alone."""
+  if not isinstance(run.source, mixture.Mixture) or not start:
+    return
+  stored = checkpoint.read_meta(mngr, start).get(MIXTURE_META)
+  records = start * config.batch_size
+  history = mixture.continue_history(stored, run.source.labels,
+                                     run.source.weights, records)
+  if history == run.source.segments():
+    return
+  run.source = dataclasses.replace(run.source, history=history)
+  run.dataset = _train_dataset(config, objective, run.source, run.tokenizer,
+                               run.model.config.vision.image_size)
+  if history[-1][0] == records and jax.process_index() == 0:
+    drawn = mixture.drawn_so_far(run.source, records)
+    print(f'Mixture from step {start} (record {records}): '
+          f'{mixture.describe(config.data.sources)}; each source continues '
+          'where it stopped (records drawn so far: '
+          + ', '.join(f'{label} {n}' for label, n in
+                      zip(run.source.labels, drawn)) + ')', flush=True)
 
 
 def _build(config, workdir: Workdir, objective) -> _Run:
@@ -431,16 +478,8 @@ def _build(config, workdir: Workdir, objective) -> _Run:
   model = ProLIP(model_cfg, attention=models.attention_impl_for(
       mesh.devices.flat, model_cfg.attention_impl))
   tx, schedule = make_optimizer(config.optim, config.total_steps)
-  dataset = pipeline.train_dataset(
-      source, tokenizer=tokenizer, image_size=model_cfg.vision.image_size,
-      global_batch_size=config.batch_size, seed=config.seed,
-      augment=augment_config(config.data),
-      num_views=config_keys.get(config, 'data.num_views'),
-      process_index=jax.process_index(),
-      process_count=jax.process_count())
-  dataset = objective.wrap_dataset(
-      config, dataset, source, tokenizer, model_cfg.vision.image_size,
-      jax.process_index(), jax.process_count())
+  dataset = _train_dataset(config, objective, source, tokenizer,
+                           model_cfg.vision.image_size)
 
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   init_state, state_shardings = run_state_initializer(config, model, tx,
@@ -451,10 +490,12 @@ def _build(config, workdir: Workdir, objective) -> _Run:
 
 
 def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
-                 source) -> dict[str, float]:
+                 source, records: int = 0) -> dict[str, float]:
   """A ``metrics.jsonl`` row: the step's metrics (host values), samples/s,
   the count of skipped non-finite steps and the bad-record counters of
-  ``source`` (when it checks its records)."""
+  ``source`` (when it checks its records); for a mixture (``data.sources``)
+  also each source's counts after ``records`` records of the global stream
+  (``mixture.metrics_row``)."""
   row = {k: float(np.asarray(v)) for k, v in metrics.items()}
   row['samples_per_sec'] = rate
   row['nonfinite_steps'] = nonfinite_total
@@ -463,6 +504,8 @@ def _metrics_row(metrics: dict, rate: float, nonfinite_total: int,
     row['data/bad_records'] = bad['bad']
     row['data/records_seen'] = bad['seen']
     row['data/bad_fraction'] = bad['bad_fraction']
+  if isinstance(source, mixture.Mixture):
+    row.update(mixture.metrics_row(source, records))
   return row
 
 
@@ -477,7 +520,8 @@ def _log_row(config, step: int, end: int, metrics: dict,
   metrics = jax.device_get(metrics)
   now = time.time()
   rate = (step - step_log) * config.batch_size / max(now - t_log, 1e-9)
-  row = _metrics_row(metrics, rate, nonfinite_total, source)
+  row = _metrics_row(metrics, rate, nonfinite_total, source,
+                     step * config.batch_size)
   row.update(report.end_interval(step))
   writer.write(step, row)
   if jax.process_index() == 0:
@@ -512,15 +556,20 @@ def _compiled(step: int, metrics: dict, t_start: float, report):
   report.start_interval(step)
 
 
-def _checkpoint_meta(config, model, tokenizer, objective: Objective) -> dict:
+def _checkpoint_meta(config, model, tokenizer, objective: Objective,
+                     source=None) -> dict:
   """What every checkpoint stores beside the arrays: the run's config, the
-  model's and the tokenizer's, and which of its parameter trees is the
-  model to score (``checkpoint.SCORED``)."""
+  model's and the tokenizer's, which of its parameter trees is the model to
+  score (``checkpoint.SCORED``) and a mixture's weight history
+  (``MIXTURE_META``)."""
   scored = 'teacher' if optimizer.evaluates_ema(config, objective) else (
       'params')
-  return {'config': json.loads(config.to_json_best_effort()),
+  meta = {'config': json.loads(config.to_json_best_effort()),
           'model': model.config.to_dict(), checkpoint.SCORED: scored,
           **checkpoint.tokenizer_meta(tokenizer)}
+  if isinstance(source, mixture.Mixture):
+    meta[MIXTURE_META] = mixture.history_meta(source)
+  return meta
 
 
 def _save(mngr, meta: dict, state, step: int, force: bool = False):
@@ -613,6 +662,8 @@ def _restore(config, objective: Objective, workdir: Workdir,
   start, state = resume.restore_or_init(
       mngr, config, run.init_state, run.init_rng, run.abstract, run.tx,
       run.state_shardings, optimizer.keeps_ema(config))
+  with errors.config_errors():
+    _continue_mixture(config, objective, run, mngr, start)
   stopper.check(f'restoring step {start}' if start else 'initialising',
                 resumed=lambda: start > 0)
   return config, run, mngr, start, state
@@ -624,7 +675,9 @@ def _announce(config, mesh, workdir: Workdir, start: int, end: int,
   per evaluator that will not run (process 0)."""
   if jax.process_index() != 0:
     return
-  print(f'prolip_jax: {config.objective} on {config.data.name}, '
+  mixed = config_keys.get(config, 'data.sources')
+  data = mixture.describe(mixed) if mixed else config.data.name
+  print(f'prolip_jax: {config.objective} on {data}, '
         f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
         f'batch {config.batch_size}, steps {start} -> {end} of '
         f'{config.total_steps}, workdir {workdir}', flush=True)
@@ -646,7 +699,7 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
   # Rows logged after the restored step are trained again: drop them.
   writer = progress.MetricWriter(workdir, is_chief, resume_step=start)
   writer = wandb_sink.tee(writer, config, workdir, is_chief, start)  # + W&B
-  meta = _checkpoint_meta(config, model, tokenizer, objective)
+  meta = _checkpoint_meta(config, model, tokenizer, objective, run.source)
   end = config.total_steps if max_steps is None else min(
       config.total_steps, start + max_steps)
   data_iter = pipeline.iterate_from(run.dataset, start,
