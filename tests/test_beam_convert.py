@@ -166,6 +166,7 @@ def test_killed_worker_then_rerun_with_two_worker_processes(planted, reference,
     beam_convert.convert_webdataset(
         os.path.join(planted, '*.tar'), out,
         max_record_bytes=MAX_RECORD_BYTES, pipeline_args=args, fault=fault)
+  assert glob.glob(str(tmp_path / 'writing-*.failed'))  # a worker died
   assert not os.path.exists(os.path.join(out, 'summary.json'))
   result = _tool(['--input', os.path.join(planted, '*.tar'), '--output', out,
                   '--max_record_bytes', str(MAX_RECORD_BYTES)] + args)
@@ -261,3 +262,33 @@ def test_without_beam_one_line_names_the_install(monkeypatch, tmp_path):
                      match=r"pip install 'prolip_jax\[beam\]'"):
     beam_convert.convert_webdataset(str(tmp_path / '*.tar'),
                                     str(tmp_path / 'out'))
+
+
+@needs_beam
+@pytest.mark.slow
+def test_tars_on_gcs(planted, reference, gcs, tmp_path):
+  """Tars read from and shards written to ``gs://`` through Beam's file
+  systems (a GCS API server on 127.0.0.1: tests/gcs_server.py)."""
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  prefix = gcs.url('beam')
+  for name in sorted(os.listdir(planted)):
+    with open(os.path.join(planted, name), 'rb') as src, FileSystems.create(
+        f'{prefix}/in/{name}') as dst:
+      dst.write(src.read())
+  summary = beam_convert.convert_webdataset(
+      f'{prefix}/in/part{{0..2}}.tar', f'{prefix}/out',
+      max_record_bytes=MAX_RECORD_BYTES)
+  local = tmp_path / 'out'
+  local.mkdir()
+  found = FileSystems.match([f'{prefix}/out/**'])[0].metadata_list
+  assert not [m.path for m in found if beam_convert.STAGING_PREFIX in m.path]
+  for m in found:
+    with FileSystems.open(m.path) as src:
+      (local / m.path.rsplit('/', 1)[1]).write_bytes(src.read())
+  assert _listing(str(local)) == _listing(reference)
+  assert _shards(str(local)) == _shards(reference)
+  want = json.loads(open(os.path.join(reference, 'summary.json')).read())
+  assert (json.loads(json.dumps(summary).replace(prefix + '/in/', '')
+                     .replace(prefix + '/out/', 'OUT/'))
+          == json.loads(json.dumps(want).replace(planted + '/', '')
+                        .replace(reference + '/', 'OUT/')))
