@@ -161,7 +161,7 @@ def test_killed_worker_then_rerun_with_two_worker_processes(planted, reference,
   out = str(tmp_path / 'out')
   args = ['--runner=DirectRunner', '--direct_num_workers=2',
           '--direct_running_mode=multi_processing']
-  fault = beam_convert.FailOnce(str(tmp_path), 'writing', exit=True)
+  fault = beam_convert.FailOnce(str(tmp_path), 'writing', kill=True)
   with pytest.raises(Exception):  # the runner's own error: a worker is gone
     beam_convert.convert_webdataset(
         os.path.join(planted, '*.tar'), out,
@@ -230,7 +230,12 @@ def folder(tmp_path_factory) -> tuple[str, str]:
 
 
 @needs_beam
-def test_folder_same_as_one_machine_converter(folder, tmp_path):
+@pytest.mark.parametrize('block', [3, 1000])
+def test_folder_same_as_one_machine_converter(folder, tmp_path, monkeypatch,
+                                              block):
+  """With one block of entries, and with blocks of 3 entries (ranks carried
+  across blocks: shards cut in the middle of blocks)."""
+  monkeypatch.setattr(beam_convert, '_BLOCK', block)
   images, captions = folder
   ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
   want = converters.convert_folder(images, captions, ref, shard_size=4,
@@ -244,7 +249,8 @@ def test_folder_same_as_one_machine_converter(folder, tmp_path):
 
 
 @needs_beam
-def test_folder_retried_shard_writes(folder, tmp_path):
+def test_folder_retried_shard_writes(folder, tmp_path, monkeypatch):
+  monkeypatch.setattr(beam_convert, '_BLOCK', 4)
   images, captions = folder
   ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
   converters.convert_folder(images, captions, ref, shard_size=5)

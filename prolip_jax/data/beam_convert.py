@@ -161,14 +161,14 @@ class FailOnce:
   """A fault for tests: the first attempt of each tar (or folder shard)
   that reaches ``stage`` (``'writing'``: mid-shard; ``'committed'``: shard
   renamed, no ``.done`` yet; ``'done'``: all written, result not yet
-  returned) fails, by an exception (``exit=False``: the runner retries the
-  bundle) or by ending the worker process (``exit=True``). A marker file in
+  returned) fails, by an exception (``kill=False``: the runner retries the
+  bundle) or by ending the worker process (``kill=True``). A marker file in
   ``marker_dir`` per item remembers the first attempt across processes."""
 
-  def __init__(self, marker_dir: str, stage: str, exit: bool = False):  # pylint: disable=redefined-builtin
+  def __init__(self, marker_dir: str, stage: str, kill: bool = False):
     self.marker_dir = marker_dir
     self.stage = stage
-    self.exit = exit
+    self.kill = kill
 
   def __call__(self, stage: str, item: str):
     if stage != self.stage:
@@ -180,7 +180,7 @@ class FailOnce:
         pass
     except FileExistsError:
       return  # failed once already: this is the retry
-    if self.exit:
+    if self.kill:
       os._exit(3)  # pylint: disable=protected-access
     raise RuntimeError(f'planted fault at {stage} of {item}')
 
@@ -325,10 +325,11 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   if _is_local(output_dir):
     os.makedirs(output_dir, exist_ok=True)
   have = _existing_names(output_dir)
-  todo = [t for t, n in zip(tars, names)
-          if not (n in have and n + record_format.DONE_SUFFIX in have)]
-  resumed = [_join(output_dir, n) for t, n in zip(tars, names)
-             if t not in set(todo)]
+  finished = [n in have and n + record_format.DONE_SUFFIX in have
+              for n in names]
+  todo = [t for t, done in zip(tars, finished) if not done]
+  resumed = [_join(output_dir, n) for n, done in zip(names, finished)
+             if done]
   pending = _join(output_dir, f'{_PENDING_PREFIX}{uuid.uuid4().hex}.json')
   convert = _ConvertTar(output_dir, max_record_bytes, fault)
 
@@ -391,9 +392,10 @@ class _CheckEntry:
   """(entry index, image path, captions) -> per caption ``(block, (entry,
   caption index, record or None, skip reason or None, image path))``."""
 
-  def __init__(self, images_dir: str, max_record_bytes: int):
+  def __init__(self, images_dir: str, max_record_bytes: int, block: int):
     self.images_dir = images_dir
     self.max_record_bytes = max_record_bytes
+    self.block = block
 
   def _image(self, rel: str) -> Optional[bytes]:
     """The image's bytes, None when missing or outside the images folder
@@ -421,7 +423,7 @@ class _CheckEntry:
     image = self._image(rel)
     verdicts = converters.entry_records(rel, image, captions,
                                         self.max_record_bytes)
-    return [(index // _BLOCK, (index, j, data, reason, rel))
+    return [(index // self.block, (index, j, data, reason, rel))
             for j, (data, reason) in enumerate(verdicts)]
 
 
@@ -430,15 +432,29 @@ def _good_per_block(kv) -> tuple[int, int]:
   return block, sum(1 for c in checked if c[2] is not None)
 
 
-def _rank_block(kv, good_per_block: dict, shard_size: int):
+class _RankBlock:
   """A block's good records -> ``(shard, (rank, record))``: rank counts the
   good records of every earlier block first, then file order."""
-  block, checked = kv
-  rank = sum(n for b, n in good_per_block.items() if b < block)
-  for _, _, data, _, _ in sorted((c for c in checked if c[2] is not None),
-                                 key=lambda c: (c[0], c[1])):
-    yield rank // shard_size, (rank, data)
-    rank += 1
+
+  def __init__(self, shard_size: int):
+    self.shard_size = shard_size
+    self._counts = None  # the side input the prefix sums were made from
+    self._before: dict[int, int] = {}
+
+  def rank(self, kv, good_per_block: dict) -> list:
+    if self._counts is not good_per_block:
+      running = 0
+      self._before = {}
+      for b in sorted(good_per_block):
+        self._before[b] = running
+        running += good_per_block[b]
+      self._counts = good_per_block
+    block, checked = kv
+    good = sorted((c for c in checked if c[2] is not None),
+                  key=lambda c: (c[0], c[1]))
+    first = self._before[block]
+    return [((first + r) // self.shard_size, (first + r, c[2]))
+            for r, c in enumerate(good)]
 
 
 class _WriteFolderShard:
@@ -498,7 +514,7 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
         f'{"is a file" if os.path.exists(images_dir) else "does not exist"}')
   entries, tally = _read_entries(captions_path)
   pending = _join(output_dir, f'{_PENDING_PREFIX}{uuid.uuid4().hex}.json')
-  check = _CheckEntry(images_dir, max_record_bytes)
+  check = _CheckEntry(images_dir, max_record_bytes, _BLOCK)
   write = _WriteFolderShard(output_dir, fault)
 
   def build(p):
@@ -512,8 +528,10 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
     blocks = good | 'Blocks' >> beam.GroupByKey()
     counts = blocks | 'CountBlock' >> beam.Map(_good_per_block)
     shards = (blocks
-              | 'Rank' >> beam.FlatMap(_rank_block, beam.pvalue.AsDict(counts),
-                                       shard_size)
+              # A bound method: Beam calls other callable objects with the
+              # element alone, without the side input.
+              | 'Rank' >> beam.FlatMap(_RankBlock(shard_size).rank,
+                                       beam.pvalue.AsDict(counts))
               | 'Shards' >> beam.GroupByKey()
               | 'WriteShard' >> beam.Map(write)
               | 'AllShards' >> beam.combiners.ToList())
