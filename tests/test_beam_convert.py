@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from prolip_jax import errors
 from prolip_jax.data import beam_convert
 from prolip_jax.data import converters
 from prolip_jax.data import record_format
@@ -298,3 +299,24 @@ def test_tars_on_gcs(planted, reference, gcs, tmp_path):
                      .replace(prefix + '/out/', 'OUT/'))
           == json.loads(json.dumps(want).replace(planted + '/', '')
                         .replace(reference + '/', 'OUT/')))
+
+
+@needs_beam
+def test_tool_refuses_a_typo_of_its_own_options(folder, tmp_path):
+  """Beam only logs options it does not know: a misspelt option of the
+  tool is refused instead of ignored (a shard size silently left at its
+  default)."""
+  spec = importlib.util.spec_from_file_location(
+      'convert_beam_tool', os.path.join(ROOT, 'tools', 'convert_beam.py'))
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  images, captions = folder
+  args = ['--images', images, '--captions', captions, '--output',
+          str(tmp_path / 'out'), '--direct_num_workers=1']
+  with pytest.raises(errors.ConfigError,
+                     match='did you mean --shard_size'):
+    tool.main(args + ['--shard-size', '3'])
+  assert not (tmp_path / 'out').exists()
+  summary = tool.main(args + ['--shard_size', '5'])
+  assert sorted(summary['shards']) == [f'{i:05d}.array_record'
+                                       for i in range(3)]

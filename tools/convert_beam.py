@@ -18,6 +18,7 @@ Flink and Spark options of docs/data.md. Paths may be local or ``gs://``
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 
@@ -28,6 +29,26 @@ from prolip_jax import errors
 from prolip_jax.data import beam_convert
 from prolip_jax.data import converters
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+def _refuse_typos(parser: argparse.ArgumentParser, beam_args: list[str]):
+  """Options this tool does not know go to Beam, which only logs a warning
+  for one it does not know either; one that looks like this tool's own
+  (``--shard-size``) is refused here instead of ignored."""
+  beam_convert.require_beam()
+  from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+  beams = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+  for cls in {str(c): c for c in
+              pipeline_options.PipelineOptions.__subclasses__()}.values():
+    cls._add_argparse_args(beams)  # pylint: disable=protected-access
+  _, unknown = beams.parse_known_args(beam_args)
+  ours = [o for a in parser._actions for o in a.option_strings]  # pylint: disable=protected-access
+  for arg in unknown:
+    name = arg.split('=', 1)[0]
+    close = difflib.get_close_matches(name.replace('-', '_'), ours, 1, 0.8)
+    if name.startswith('--') and close:
+      raise errors.ConfigError(f'unknown option {name}: did you mean '
+                               f'{close[0]}?')
 
 
 def main(argv=None) -> dict:
@@ -43,6 +64,7 @@ def main(argv=None) -> dict:
                       help='records per output shard (folder layout)')
   converters.add_common_args(parser)
   args, beam_args = parser.parse_known_args(argv)
+  _refuse_typos(parser, beam_args)
   if bool(args.input) == bool(args.images or args.captions):
     raise errors.ConfigError('give either --input (tars) or --images and '
                              '--captions (an image folder)')
