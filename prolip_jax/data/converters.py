@@ -55,7 +55,7 @@ class CorruptTarError(ConversionError):
   """A tar shard that cannot be read to its end (truncated, not a tar)."""
 
 
-class _Counts:
+class Counts:
   """Per-shard tallies, JSON-able via ``as_dict``."""
 
   def __init__(self):
@@ -145,17 +145,21 @@ def _split_name(name: str) -> tuple[str, str]:
   return (os.path.join(d, stem) if d else stem), ext.lower() if dot else ''
 
 
-def iter_tar_groups(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
+def iter_tar_groups(path: str, fileobj=None
+                    ) -> Iterator[tuple[str, dict[str, bytes]]]:
   """(key, {extension: bytes}) per example of a tar, streamed (``r|*``).
 
   Files of one example are consecutive, as webdataset writes them. A tar
   that cannot be read to its end (truncated, corrupt, not a tar) raises
   ``CorruptTarError`` after the examples read before the damage: its shard
-  is incomplete, so the caller writes none of it.
+  is incomplete, so the caller writes none of it. ``fileobj``, when given,
+  is read instead of opening ``path`` (a stream from another file system;
+  ``path`` then only names it).
   """
   key, files, count = None, {}, 0
   try:
-    with tarfile.open(path, mode='r|*') as tar:
+    with tarfile.open(path if fileobj is None else None, mode='r|*',
+                      fileobj=fileobj) as tar:
       for member in tar:
         if not member.isfile():
           continue
@@ -200,6 +204,36 @@ def _caption_from(files: dict[str, bytes]) -> tuple[Optional[str],
   return None, None
 
 
+def example_record(key: str, files: dict[str, bytes],
+                   max_record_bytes: int) -> tuple[Optional[bytes],
+                                                   Optional[str]]:
+  """(serialized record, None) or (None, skip reason) for one example of a
+  tar, ``files`` as ``iter_tar_groups`` gives them: the one definition of a
+  good webdataset record (``convert_tar`` and ``beam_convert`` use it)."""
+  image = next((files[e] for e in IMAGE_EXTS if e in files), None)
+  caption, bad = _caption_from(files)
+  if bad:
+    return None, bad
+  return make_record(key, image, caption, max_record_bytes)
+
+
+def write_tar_records(tar_path: str, writer, max_record_bytes: int,
+                      fileobj=None) -> Counts:
+  """Writes the good records of one tar to ``writer`` (``.write(bytes)``),
+  in the tar's order; returns the tallies. Raises ``CorruptTarError`` for a
+  tar that cannot be read to its end (the caller drops what was written)."""
+  counts = Counts()
+  for key, files in iter_tar_groups(tar_path, fileobj):
+    counts.seen += 1
+    data, reason = example_record(key, files, max_record_bytes)
+    if reason:
+      counts.skip(reason, key)
+      continue
+    writer.write(data)
+    counts.written += 1
+  return counts
+
+
 def convert_tar(tar_path: str, out_path: str,
                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
   """One webdataset tar -> one array_record shard plus its ``.done``.
@@ -207,22 +241,9 @@ def convert_tar(tar_path: str, out_path: str,
   A tar that cannot be read to its end raises ``CorruptTarError`` and
   leaves neither the shard nor its marker (nor the half-written ``.tmp``).
   """
-  counts = _Counts()
   writer = record_format.ShardWriter(out_path)
   try:
-    for key, files in iter_tar_groups(tar_path):
-      counts.seen += 1
-      image = next((files[e] for e in IMAGE_EXTS if e in files), None)
-      caption, bad = _caption_from(files)
-      if bad:
-        counts.skip(bad, key)
-        continue
-      data, reason = make_record(key, image, caption, max_record_bytes)
-      if reason:
-        counts.skip(reason, key)
-        continue
-      writer.write(data)
-      counts.written += 1
+    counts = write_tar_records(tar_path, writer, max_record_bytes)
   except BaseException:
     writer.abort()
     raise
@@ -232,6 +253,21 @@ def convert_tar(tar_path: str, out_path: str,
   return summary
 
 
+def failed_shard_summary(tar_path: str, out_path: str, error: Exception,
+                         tb: Optional[str] = None) -> dict:
+  """The summary of a tar that could not be converted: its error line (the
+  user's error, or the bug with its traceback ``tb``)."""
+  c = Counts()
+  found = user_errors.user_error_of(error)
+  if found is not None:  # the user's to fix (a corrupt tar, disk full)
+    c.errors.append(user_errors.message(found))
+  else:  # a bug: its traceback (from the worker process) goes with it
+    c.errors.append(f'{tar_path}: failed: {type(error).__name__}: {error}')
+  return c.as_dict(input=tar_path, output=out_path, failed=True,
+                   user_error=found is not None,
+                   traceback=None if found is not None else tb)
+
+
 def _convert_tar_job(args) -> dict:
   tar_path, out_path, max_record_bytes = args
   try:
@@ -239,16 +275,7 @@ def _convert_tar_job(args) -> dict:
   except Exception as e:  # pylint: disable=broad-except
     # One shard does not stop the others: it is reported, with no marker, so
     # a re-run retries it, and the conversion fails once all have run.
-    c = _Counts()
-    found = user_errors.user_error_of(e)
-    if found is not None:  # the user's to fix (a corrupt tar, disk full)
-      c.errors.append(user_errors.message(found))
-    else:  # a bug: its traceback (from the worker process) goes with it
-      c.errors.append(f'{tar_path}: failed: {type(e).__name__}: {e}')
-    return c.as_dict(input=tar_path, output=out_path, failed=True,
-                     user_error=found is not None,
-                     traceback=None if found is not None else
-                     traceback.format_exc())
+    return failed_shard_summary(tar_path, out_path, e, traceback.format_exc())
 
 
 def output_name(tar_path: str) -> str:
@@ -258,6 +285,14 @@ def output_name(tar_path: str) -> str:
       base = base[:-len(ext)]
       break
   return base + record_format.SUFFIX
+
+
+def check_distinct_names(names: Sequence[str]):
+  """Raises ``ConversionError`` when input shards share an output name."""
+  dup = [n for n, c in collections.Counter(names).items() if c > 1]
+  if dup:
+    raise ConversionError(f'input shards share output names {dup[:5]}: give '
+                          'them distinct file names')
 
 
 def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
@@ -283,10 +318,7 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
       pattern = os.path.join(pattern, '*.tar')
     tars.extend(record_sources.expand_paths(pattern))
   names = [output_name(t) for t in tars]
-  dup = [n for n, c in collections.Counter(names).items() if c > 1]
-  if dup:
-    raise ConversionError(f'input shards share output names {dup[:5]}: give '
-                          'them distinct file names')
+  check_distinct_names(names)
   created = not os.path.exists(output_dir)
   os.makedirs(output_dir, exist_ok=True)
   try:
@@ -327,18 +359,29 @@ def _convert_shards(tars: list[str], names: list[str], inputs: Sequence[str],
   else:
     for job in todo:
       report(_convert_tar_job(job))
+  summary = webdataset_summary(shards, inputs, len(tars), len(todo))
+  write_summary(output_dir, summary)
+  return summary
+
+
+def webdataset_summary(shards: dict[str, dict], inputs: Sequence[str],
+                       total: int, converted: int) -> dict:
+  """The summary of a webdataset conversion from its shards' summaries
+  (keyed by output shard name; ``converted`` of the ``total`` were
+  converted by this run, the others resumed). Raises as
+  ``convert_webdataset`` does when a shard failed or no record was
+  written."""
   shards = dict(sorted(shards.items()))
   summary = merge_summaries(
-      shards, input_shards=len(tars), shards_converted=len(todo),
-      shards_resumed=len(tars) - len(todo),
+      shards, input_shards=total, shards_converted=converted,
+      shards_resumed=total - converted,
       shards_failed=sum(bool(s.get('failed')) for s in shards.values()))
-  _check_shards(shards, len(tars))
+  _check_shards(shards, total)
   if summary['records_written'] == 0:
     raise ConversionError(
         f'no records from {", ".join(inputs)} '
-        f'({_count(len(tars), "tar shard")}): '
+        f'({_count(total, "tar shard")}): '
         f'{_why_none(summary, "they hold no image/caption example")}')
-  write_summary(output_dir, summary)
   return summary
 
 
@@ -431,7 +474,7 @@ def _is_utf8(text: str) -> bool:
   return True
 
 
-def read_captions_file(path: str, counts: _Counts
+def read_captions_file(path: str, counts: Counts
                        ) -> Iterator[tuple[str, Optional[list[str]]]]:
   """(image path, captions or None when the line is malformed) per entry.
 
@@ -485,9 +528,38 @@ def read_captions_file(path: str, counts: _Counts
         yield image, [None]
 
 
+def entry_records(rel: str, image: Optional[bytes],
+                  captions: Sequence[Optional[str]], max_record_bytes: int
+                  ) -> Iterator[tuple[Optional[bytes], Optional[str]]]:
+  """(serialized record, None) or (None, skip reason) per caption of one
+  entry of a captions file (``read_captions_file``), ``image`` its bytes or
+  None when unreadable: the one definition of a good folder record
+  (``convert_folder`` and ``beam_convert`` use it). The image is decoded
+  once, not once per caption."""
+  image_reason = None
+  for caption in captions:
+    if caption is not None and not isinstance(caption, str):
+      yield None, bad_records.BAD_CAPTION
+      continue
+    data, reason = make_record(rel, image, caption, max_record_bytes,
+                               image_reason)
+    if reason:
+      if reason in (bad_records.CORRUPT_IMAGE, bad_records.MISSING_IMAGE):
+        image_reason = reason
+      yield None, reason
+      continue
+    image_reason = image_reason or ''  # decoded fine once: trust it
+    yield data, None
+
+
+def shard_name(index: int) -> str:
+  """The name of a folder conversion's ``index``-th output shard."""
+  return f'{index:05d}{record_format.SUFFIX}'
+
+
 def _numbered_writer(output_dir: str, index: int) -> record_format.ShardWriter:
   return record_format.ShardWriter(
-      os.path.join(output_dir, f'{index:05d}{record_format.SUFFIX}'))
+      os.path.join(output_dir, shard_name(index)))
 
 
 def convert_folder(images_dir: str, captions_path: str, output_dir: str,
@@ -512,7 +584,7 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
   if not os.path.isdir(images_dir):
     raise ConversionError(f'images folder {images_dir} '
                           f'{_missing_or(images_dir, "a file")}')
-  counts = _Counts()
+  counts = Counts()
   shards: dict[str, dict] = {}
   writer, shard_index = None, 0
 
@@ -538,20 +610,12 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
             image = f.read()
         except OSError:
           pass
-      image_reason = None
-      for caption in captions:
+      for data, reason in entry_records(rel, image, captions,
+                                        max_record_bytes):
         counts.seen += 1
-        if caption is not None and not isinstance(caption, str):
-          counts.skip(bad_records.BAD_CAPTION, rel)
-          continue
-        data, reason = make_record(rel, image, caption, max_record_bytes,
-                                   image_reason)
         if reason:
           counts.skip(reason, rel)
-          if reason in (bad_records.CORRUPT_IMAGE, bad_records.MISSING_IMAGE):
-            image_reason = reason
           continue
-        image_reason = image_reason or ''  # decoded fine once: trust it
         if writer is None:
           writer = _numbered_writer(output_dir, shard_index)
         writer.write(data)
@@ -563,13 +627,22 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
     if writer is not None:
       writer.abort()
     raise
+  summary = folder_summary(counts, images_dir, captions_path, shards)
+  write_summary(output_dir, summary)
+  return summary
+
+
+def folder_summary(counts: Counts, images_dir: str, captions_path: str,
+                   shards: dict[str, dict]) -> dict:
+  """The summary of a folder conversion from its tallies and its shards'
+  ``{name: {'records_written': n}}``; raises ``ConversionError`` when no
+  record was written."""
   summary = counts.as_dict(images=images_dir, captions=captions_path)
   if not counts.written:  # nothing was written, not even the output folder
     raise ConversionError(
         f'no records from captions file {captions_path} with images folder '
         f'{images_dir}: {_why_none(summary, "it lists no image")}')
-  summary['shards'] = shards
-  write_summary(output_dir, summary)
+  summary['shards'] = dict(sorted(shards.items()))
   return summary
 
 
