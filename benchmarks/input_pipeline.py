@@ -18,11 +18,16 @@ grayscale, tokenise to 64 ids):
 * ``pipeline.iterate_from`` with 0 workers (threads only) and N worker
   processes (each ``num_threads=1``), as train.py drives it;
 
-each for three set-ups: before (full-size decode, PIL colour jitter in the
-worker), the reduced-scale JPEG decode (``CheckedSource(min_pixels=
-image_decode.train_min_pixels(...))``, as training uses it) and that plus
-``color_on_device`` (the worker only crops; ``data/color.py`` jitters in
-the train step, whose cost on an accelerator is not counted here).
+each for five set-ups, one lever added at a time: before (full-size
+decode, PIL colour jitter in the worker), the reduced-scale JPEG decode
+(``CheckedSource(min_pixels=image_decode.train_min_pixels(...))``, as
+training uses it), that plus ``color_on_device`` (the worker only crops;
+``data/color.py`` jitters in the train step, whose cost on an accelerator
+is not counted here), plus simplejpeg's decoder (``image_decode``), plus
+OpenCV's crop-and-resize (``transforms.resized_crop``). The first three
+set-ups run with Pillow doing every decode and resize (as before the last
+two levers); the worker-process figures are taken for the last set-up only
+(a worker process imports the modules afresh, with both levers on).
 
 It compares the per-worker rate with what a ViT-B/16 ProLIP training step
 consumes at 50% MFU on one H100 (about 3,500 pairs/s, from the perf notes)
@@ -124,10 +129,11 @@ def _print_stage_rates(stage, n: int, seconds: float):
   print(f'  {"sum of stages":40s} {1 / inv:9.0f}')
 
 
-def _time_pipeline(dataset, n: int, args) -> dict[str, float]:
+def _time_pipeline(dataset, n: int, args,
+                   with_workers: bool = True) -> dict[str, float]:
   """Images/s of the full pipeline (``dataset()``: a fresh dataset and its
-  ``CheckedSource``): ``ds[step]`` on one thread (``'one_thread'``) and
-  ``pipeline.iterate_from`` with each ``--workers`` count
+  ``CheckedSource``): ``ds[step]`` on one thread (``'one_thread'``) and,
+  ``with_workers``, ``pipeline.iterate_from`` with each ``--workers`` count
   (``'workers=N'``); prints each and checks that no record was bad."""
   from prolip_jax.data import pipeline
   ds, src = dataset()
@@ -136,7 +142,8 @@ def _time_pipeline(dataset, n: int, args) -> dict[str, float]:
   print(f'Full pipeline, one thread, ds[step] (batch {args.batch}): '
         f'{one:.0f} images/s')
   rates = {'one_thread': one}
-  for workers in [int(w) for w in args.workers.split(',') if w]:
+  worker_counts = args.workers.split(',') if with_workers else []
+  for workers in [int(w) for w in worker_counts if w]:
     ds, src = dataset()
     threads = 2 if workers == 0 else 1
     it = pipeline.iterate_from(ds, 0, num_workers=workers,
@@ -211,20 +218,29 @@ def main(argv=None):
   min_pixels = image_decode.train_min_pixels(
       args.size, host_aug.crop_scale, host_aug.crop_ratio)
   device_aug = transforms.AugmentConfig(color_on_device=True)
+  # (min_pixels, augment, simplejpeg decode, OpenCV resize)
   variants = {
-      'before: full-size decode, colour jitter on the host': (0, host_aug),
-      f'reduced-scale JPEG decode (>= {min_pixels} px)': (min_pixels,
-                                                          host_aug),
-      'reduced-scale decode + colour jitter on the device': (min_pixels,
-                                                             device_aug),
+      'before: full-size decode, colour jitter on the host': (
+          0, host_aug, False, False),
+      f'reduced-scale JPEG decode (>= {min_pixels} px)': (
+          min_pixels, host_aug, False, False),
+      'reduced-scale decode + colour jitter on the device': (
+          min_pixels, device_aug, False, False),
+      '+ simplejpeg decode': (min_pixels, device_aug, True, False),
+      '+ OpenCV crop-and-resize': (min_pixels, device_aug, True, True),
   }
   rng = np.random.default_rng(0)
   results = {}
-  for variant, (pixels, aug) in variants.items():
+  jpeg_lib, resize_lib = image_decode.simplejpeg, transforms.cv2
+  for number, (variant, (pixels, aug, fast_decode, fast_resize)) in (
+      enumerate(variants.items())):
+    # The levers are module-level optional imports: off = not installed.
+    image_decode.simplejpeg = jpeg_lib if fast_decode else None
+    transforms.cv2 = resize_lib if fast_resize else None
     decoded = [image_decode.decode_rgb(r['image'], pixels) for r in parsed]
     stage = {
         'read+parse (array_record, msgpack)': lambda i: raw[i],
-        'JPEG decode (PIL)': lambda i, p=pixels: image_decode.decode_rgb(
+        'JPEG decode': lambda i, p=pixels: image_decode.decode_rgb(
             parsed[i]['image'], p),
         f'train augment to {args.size}px': lambda i, d=decoded, a=aug:
             transforms.train_view(d[i], args.size, rng, a),
@@ -241,7 +257,8 @@ def main(argv=None):
           src, tokenizer=tok, image_size=args.size,
           global_batch_size=args.batch, seed=0, augment=aug), src
 
-    results[variant] = _time_pipeline(dataset, n, args)
+    last = number == len(variants) - 1
+    results[variant] = _time_pipeline(dataset, n, args, with_workers=last)
 
   _print_cores_per_gpu(results)
   return results

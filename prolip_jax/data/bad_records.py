@@ -50,7 +50,9 @@ class BadRecordError(errors.UserError, RuntimeError):
 
 
 def check_image_bytes(data: bytes) -> Optional[str]:
-  """None when PIL fully decodes ``data``, else a skip reason."""
+  """None when ``image_decode.decode_rgb`` fully decodes ``data`` (simplejpeg
+  or Pillow; Pillow has the last word on a JPEG simplejpeg rejects), else a
+  skip reason."""
   if not data:
     return MISSING_IMAGE
   try:

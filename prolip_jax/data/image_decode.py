@@ -19,6 +19,14 @@ docs/interop.md).
 ``convert('RGB')`` of a 16-bit greyscale image clips every value above 255 to
 white, while it opens a 16-bit RGB(A) PNG as 8-bit RGB(A) by keeping the
 high byte; ``>> 8`` makes every 16-bit input agree with the latter.
+
+JPEGs are decoded by simplejpeg (libjpeg-turbo, no PIL image object, header
+parsed in C) when it is installed and the file is a plain YCbCr/RGB/grey
+JPEG; anything else, or anything simplejpeg rejects, goes through Pillow.
+Both use libjpeg-turbo with the same settings (accurate integer IDCT, fancy
+upsampling) at the same DCT scale, so the pixels are the same
+(``tests/test_fast_input.py``); simplejpeg is 1.25-1.45x faster per
+image (docs/performance.md, Input pipeline).
 """
 
 from __future__ import annotations
@@ -29,6 +37,11 @@ from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
+
+try:
+  import simplejpeg
+except ImportError:  # optional speed-up: Pillow decodes every JPEG then
+  simplejpeg = None
 
 RGB_FIRST = 'rgb_first'
 RELEASE = 'release'
@@ -76,13 +89,9 @@ def decode_rgb(image: Any, min_pixels: int = 0) -> np.ndarray:
   shrinking (``train_min_pixels`` says how many the training crop needs).
   """
   if isinstance(image, (bytes, bytearray, memoryview)):
-    with Image.open(io.BytesIO(image)) as img:
-      width, height = img.size
-      if min_pixels and img.format == 'JPEG' and (
-          width * height >= 4 * min_pixels):
-        k = (min_pixels / (width * height)) ** 0.5
-        img.draft('RGB', (int(np.ceil(width * k)), int(np.ceil(height * k))))
-      out = np.asarray(to_8bit(img).convert('RGB'), np.uint8)
+    out = _decode_jpeg_turbo(image, min_pixels)
+    if out is None:
+      out = _decode_pil(image, min_pixels)
   else:
     out = uint16_to_8bit(np.asarray(image))
     if out.ndim == 2:
@@ -93,6 +102,55 @@ def decode_rgb(image: Any, min_pixels: int = 0) -> np.ndarray:
                      np.repeat(out, 3, -1), np.uint8)
   if out.shape[0] < 1 or out.shape[1] < 1:
     raise ValueError(f'empty image {out.shape}')
+  return out
+
+
+def jpeg_draft_scale(width: int, height: int, min_pixels: int) -> int:
+  """The DCT scale denominator (1, 2, 4 or 8) at which a ``width`` x
+  ``height`` JPEG is decoded to keep ``min_pixels``: the one Pillow's
+  ``Image.draft`` picks for the target size ``decode_rgb`` asks it for."""
+  if not min_pixels or width * height < 4 * min_pixels:
+    return 1
+  k = (min_pixels / (width * height)) ** 0.5
+  target_w, target_h = int(np.ceil(width * k)), int(np.ceil(height * k))
+  most = min(width // target_w, height // target_h)
+  return next(s for s in (8, 4, 2, 1) if most >= s)
+
+
+def _decode_pil(data, min_pixels: int) -> np.ndarray:
+  """``decode_rgb`` of encoded bytes by Pillow (any format)."""
+  with Image.open(io.BytesIO(data)) as img:
+    width, height = img.size
+    if min_pixels and img.format == 'JPEG' and (
+        width * height >= 4 * min_pixels):
+      k = (min_pixels / (width * height)) ** 0.5
+      img.draft('RGB', (int(np.ceil(width * k)), int(np.ceil(height * k))))
+    return np.asarray(to_8bit(img).convert('RGB'), np.uint8)
+
+
+# The JPEG colour spaces simplejpeg converts to RGB as Pillow does; Adobe
+# CMYK/YCCK files go to Pillow (it inverts their channels).
+_TURBO_COLORSPACES = ('YCbCr', 'RGB', 'Gray')
+
+
+def _decode_jpeg_turbo(data, min_pixels: int) -> np.ndarray | None:
+  """``decode_rgb`` of a JPEG by simplejpeg at Pillow's DCT scale, or None
+  for Pillow to decode (not a JPEG, an unusual one, simplejpeg missing or
+  rejecting it: Pillow then decides whether the record is corrupt)."""
+  if simplejpeg is None or bytes(data[:2]) != b'\xff\xd8':
+    return None
+  try:
+    height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    if (colorspace not in _TURBO_COLORSPACES or
+        width * height > Image.MAX_IMAGE_PIXELS):  # Pillow's bomb check
+      return None
+    s = jpeg_draft_scale(width, height, min_pixels)
+    out = simplejpeg.decode_jpeg(data, 'RGB', min_height=-(-height // s),
+                                 min_width=-(-width // s), min_factor=s)
+  except ValueError:
+    return None
+  if out.shape[:2] != (-(-height // s), -(-width // s)):
+    return None  # another scale than Pillow's: let Pillow decode it
   return out
 
 
