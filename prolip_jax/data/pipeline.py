@@ -97,9 +97,10 @@ def train_dataset(source: Sequence[dict] | mixture.Mixture, *,
   element can be recomputed exactly. ``source`` may be a
   ``mixture.Mixture`` (``data.sources``): the stream is then the sources'
   weighted mix (``mixture.mixed_records``, each batch's records permuted),
-  batched the same way, so the first ``i*B`` records hold ``mixture.records_drawn(weights, i*B)`` of
-  each source. ``num_views > 1``: ``image`` is
-  ``(b, V, s, s, 3)`` and ``aug`` ``(b, V, AUG_DIM)`` (see ``TrainTransform``).
+  batched the same way, so the first ``i*B`` records hold
+  ``mixture.records_drawn(weights, i*B)`` of each source.
+  ``num_views > 1``: ``image`` is ``(b, V, s, s, 3)`` and ``aug``
+  ``(b, V, AUG_DIM)`` (see ``TrainTransform``).
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} outside [0, '
