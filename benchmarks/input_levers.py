@@ -104,16 +104,8 @@ def _linear_after_prefilter(image, box, size):
   """``transforms.resized_crop`` with ``INTER_LINEAR`` for the sampling."""
   import cv2
   from prolip_jax.data import transforms
-  left, top, w, h = box
-  kx, ky = transforms._prefilter(w, size), transforms._prefilter(h, size)  # pylint: disable=protected-access
-  height, width = image.shape[:2]
-  mx, my = len(kx) // 2 + 2, len(ky) // 2 + 2
-  x0, y0 = max(left - mx, 0), max(top - my, 0)
-  x1, y1 = min(left + w + mx, width), min(top + h + my, height)
-  region = cv2.sepFilter2D(image[y0:y1, x0:x1], -1, kx, ky,
-                           borderType=cv2.BORDER_REFLECT_101)
-  crop = region[top - y0:top - y0 + h, left - x0:left - x0 + w]
-  return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+  return cv2.resize(transforms.prefiltered_crop(image, box, size),
+                    (size, size), interpolation=cv2.INTER_LINEAR)
 
 
 def _area(image, box, size):

@@ -268,10 +268,7 @@ class CheckedSource:
     """Counts so far: ``{'seen', 'bad', 'bad_fraction', 'by_reason',
     'by_shard'}``, this process's plus its worker processes' reports."""
     with self._lock:
-      total = self._local_stats()
-    by_reason = collections.Counter(total['by_reason'])
-    by_shard = collections.Counter(total['by_shard'])
-    seen, bad = total['seen'], total['bad']
+      reports = [self._local_stats()]
     try:
       names = os.listdir(self._report_dir)
     except OSError:
@@ -282,15 +279,25 @@ class CheckedSource:
         continue
       try:
         with open(os.path.join(self._report_dir, name)) as f:
-          rep = json.load(f)
+          reports.append(json.load(f))
       except (OSError, ValueError):
         continue
-      seen += rep['seen']
-      bad += rep['bad']
-      by_reason.update(rep['by_reason'])
-      by_shard.update(rep['by_shard'])
-    return {'seen': seen, 'bad': bad, 'bad_fraction': bad / max(seen, 1),
-            'by_reason': dict(by_reason), 'by_shard': dict(by_shard)}
+    return sum_stats(reports)
+
+
+def sum_stats(reports) -> dict:
+  """The ``CheckedSource.stats`` of several readers together (processes of
+  one source, or the sources of a mixture): counts added, the bad fraction
+  of the sums."""
+  by_reason, by_shard = collections.Counter(), collections.Counter()
+  seen = bad = 0
+  for rep in reports:
+    seen += rep['seen']
+    bad += rep['bad']
+    by_reason.update(rep['by_reason'])
+    by_shard.update(rep['by_shard'])
+  return {'seen': seen, 'bad': bad, 'bad_fraction': bad / max(seen, 1),
+          'by_reason': dict(by_reason), 'by_shard': dict(by_shard)}
 
   def __repr__(self):
     return f'CheckedSource({self.source!r})'

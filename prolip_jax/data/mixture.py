@@ -30,7 +30,6 @@ pure function of (seed, weight history, batch size, k).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import sys
@@ -41,6 +40,7 @@ import grain
 import numpy as np
 
 from prolip_jax import errors
+from prolip_jax.data import bad_records
 
 # Grain's rounding of float weights to integer proportions
 # (grain/_src/python/dataset/transformations/mix.py, _float_to_int_proportions):
@@ -79,17 +79,7 @@ class Mixture:
     """The bad-record stats of all checked sources together (the shape of
     ``CheckedSource.stats``), None when no source checks its records."""
     per_source = self.source_stats()
-    if not per_source:
-      return None
-    by_reason, by_shard = collections.Counter(), collections.Counter()
-    seen = bad = 0
-    for stats in per_source.values():
-      seen += stats['seen']
-      bad += stats['bad']
-      by_reason.update(stats['by_reason'])
-      by_shard.update(stats['by_shard'])
-    return {'seen': seen, 'bad': bad, 'bad_fraction': bad / max(seen, 1),
-            'by_reason': dict(by_reason), 'by_shard': dict(by_shard)}
+    return bad_records.sum_stats(per_source.values()) if per_source else None
 
 
 def check_weights(labels: Sequence[str], weights: Sequence[Any]) -> None:

@@ -142,10 +142,21 @@ def resized_crop(image: np.ndarray, box: tuple[int, int, int, int],
   Crops smaller than ``size`` on a side (enlarged), non-RGB arrays, or no
   OpenCV: Pillow itself.
   """
-  left, top, w, h = box
+  w, h = box[2:]
   if (cv2 is None or w < size or h < size or image.dtype != np.uint8 or
       image.ndim != 3 or image.shape[2] != 3):
     return resized_crop_pil(image, box, size)
+  return cv2.resize(prefiltered_crop(image, box, size), (size, size),
+                    interpolation=cv2.INTER_CUBIC)
+
+
+def prefiltered_crop(image: np.ndarray, box: tuple[int, int, int, int],
+                     size: int) -> np.ndarray:
+  """The ``(left, top, w, h)`` crop ``(h, w, 3)`` uint8 of an ``(H, W, 3)``
+  uint8 image filtered with Pillow's cubic kernel stretched for shrinking
+  it to ``size`` (``_prefilter``; needs OpenCV): ``resized_crop`` samples
+  it at Pillow's output centres."""
+  left, top, w, h = box
   kx, ky = _prefilter(w, size), _prefilter(h, size)
   height, width = image.shape[:2]
   # The filter reads r pixels past the crop, the cubic 2 filtered ones.
@@ -154,8 +165,7 @@ def resized_crop(image: np.ndarray, box: tuple[int, int, int, int],
   x1, y1 = min(left + w + mx, width), min(top + h + my, height)
   region = cv2.sepFilter2D(image[y0:y1, x0:x1], -1, kx, ky,
                            borderType=cv2.BORDER_REFLECT_101)
-  crop = region[top - y0:top - y0 + h, left - x0:left - x0 + w]
-  return cv2.resize(crop, (size, size), interpolation=cv2.INTER_CUBIC)
+  return region[top - y0:top - y0 + h, left - x0:left - x0 + w]
 
 
 def _shift_hue(img: Image.Image, shift: float) -> Image.Image:
