@@ -250,6 +250,14 @@ def test_digits_and_array_record_mix_by_weight(tmp_path):
   assert source.stats()['seen'] == source.source_stats()['red']['seen'] > 0
 
 
+def _assert_same_params(workdir_a, workdir_b):
+  """The two workdirs' newest checkpoints hold bit-identical parameters."""
+  params_a, _ = checkpoint.load_params(str(workdir_a))
+  params_b, _ = checkpoint.load_params(str(workdir_b))
+  for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.slow
 def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path,
                                                                 capsys):
@@ -267,10 +275,7 @@ def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path,
   assert part['step'] == 2
   resumed = train.train_and_evaluate(cfg, str(tmp_path / 'split'))
   assert full['step'] == resumed['step'] == 4
-  p_full, _ = checkpoint.load_params(str(tmp_path / 'full'))
-  p_split, _ = checkpoint.load_params(str(tmp_path / 'split'))
-  for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(p_split)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  _assert_same_params(tmp_path / 'full', tmp_path / 'split')
   for run in ('full', 'split'):
     rows = [json.loads(l) for l in open(tmp_path / run / 'metrics.jsonl')]
     rows = [r for r in rows if 'loss' in r]
@@ -298,10 +303,7 @@ def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path,
           ) in capsys.readouterr().out
   train.train_and_evaluate(cfg, str(tmp_path / 'changed_twice'), max_steps=1)
   train.train_and_evaluate(cfg, str(tmp_path / 'changed_twice'))
-  p_once, _ = checkpoint.load_params(str(tmp_path / 'split'))
-  p_twice, _ = checkpoint.load_params(str(tmp_path / 'changed_twice'))
-  for a, b in zip(jax.tree.leaves(p_once), jax.tree.leaves(p_twice)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  _assert_same_params(tmp_path / 'split', tmp_path / 'changed_twice')
   for run in ('split', 'changed_twice'):
     rows = [json.loads(l) for l in open(tmp_path / run / 'metrics.jsonl')]
     counts = {r['step']: (r['data/source_count/digits'],

@@ -43,8 +43,7 @@ def main(argv=None) -> dict:
   summary = converters.convert_folder(
       args.images, args.captions, args.output, shard_size=args.shard_size,
       max_record_bytes=args.max_record_bytes)
-  converters.print_summary(summary)
-  print(f'summary: {os.path.join(args.output, converters.SUMMARY_FILE)}')
+  converters.print_summary(summary, args.output)
   return summary
 
 

@@ -44,8 +44,7 @@ def main(argv=None) -> dict:
   summary = converters.convert_webdataset(
       args.input, args.output, workers=args.workers,
       max_record_bytes=args.max_record_bytes, verbose=True)
-  converters.print_summary(summary)
-  print(f'summary: {os.path.join(args.output, converters.SUMMARY_FILE)}')
+  converters.print_summary(summary, args.output)
   return summary
 
 

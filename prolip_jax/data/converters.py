@@ -652,9 +652,12 @@ def _missing_or(path: str, other: str) -> str:
   return f'is {other}' if os.path.exists(path) else 'does not exist'
 
 
-def print_summary(summary: dict):
+def print_summary(summary: dict, output: str):
+  """Prints a conversion's summary (without its per-shard list) and where
+  its whole ``summary.json`` lies in ``output``."""
   brief = {k: v for k, v in summary.items() if k != 'shards'}
   print(json.dumps(brief, indent=1, sort_keys=True), flush=True)
+  print(f'summary: {os.path.join(output, SUMMARY_FILE)}', flush=True)
 
 
 def add_common_args(parser):
