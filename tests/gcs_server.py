@@ -84,11 +84,22 @@ emulator_server.server.HTTPServer = http.server.ThreadingHTTPServer
 # A connection that sends nothing for a minute is dropped (socket timeout).
 emulator_server.RequestHandler.timeout = 60
 
-objects.download = _serialized(_with_generation(objects.download))
-objects.insert = _serialized(_with_preconditions(objects.insert))
+_WRAPPED = {objects.download: _serialized(_with_generation(objects.download)),
+            objects.insert: _serialized(_with_preconditions(objects.insert))}
 for _name in ('get', 'ls', 'delete', 'patch', 'copy', 'rewrite', 'compose',
-              'upload_partial', 'xml_upload', 'batch'):
-  setattr(objects, _name, _serialized(getattr(objects, _name)))
+              'upload_partial', 'xml_upload', 'batch', 'restore',
+              'acl_list'):
+  _WRAPPED[getattr(objects, _name)] = _serialized(getattr(objects, _name))
+# The handlers' calls of each other go through the module's names; the
+# server's routes hold the functions themselves, taken when it was imported
+# (without this, requests ran unserialized: two uploads at once once broke
+# the store's index with 'dictionary changed size during iteration').
+for _original, _wrapper in _WRAPPED.items():
+  setattr(objects, _original.__name__, _wrapper)
+emulator_server.HANDLERS = tuple(
+    (regex, {method: _WRAPPED.get(handler, handler)
+             for method, handler in handlers.items()})
+    for regex, handlers in emulator_server.HANDLERS)
 
 if __name__ == '__main__':
   from gcp_storage_emulator import __main__ as emulator  # after the patches
