@@ -181,6 +181,7 @@ def test_corrupt_jpegs_are_still_corrupt(photos):
   assert bad_records.check_image_bytes(data) is None
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_an_input_bound_cpu_run_says_so():
   """The micro model on 224 px realistic JPEGs with one worker process is

@@ -49,6 +49,7 @@ def _faults(mode):
   return pages, sorted(faults)[len(faults) // 2]
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not sys.platform.startswith('linux'),
                     reason='glibc malloc')
 def test_freed_step_buffer_is_reused_not_mapped_afresh():

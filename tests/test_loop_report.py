@@ -93,6 +93,7 @@ def _run_steps(report, data_iter, device_s, steps, start=0):
 # The step-time split
 
 
+@pytest.mark.serial
 def test_data_wait_split_against_a_sleeping_iterator():
   """30 ms asleep in next() and 10 ms of 'device' per step: the split says
   30 / 10 of 40 ms, 75% waiting."""
@@ -254,6 +255,7 @@ def test_data_wait_note_text():
   assert '\n' not in note
 
 
+@pytest.mark.serial
 def test_a_data_bound_run_says_so_once(capsys):
   config = _config(log_every_steps=3)
   report = _report(config, [CPU])
@@ -272,6 +274,7 @@ def test_a_data_bound_run_says_so_once(capsys):
   assert capsys.readouterr().out == ''
 
 
+@pytest.mark.serial
 def test_a_run_that_keeps_up_says_nothing(capsys):
   config = _config(log_every_steps=3)
   report = _report(config, [CPU])

@@ -79,6 +79,7 @@ def _evaluated(workdir):
   return [r for r in _rows(workdir) if 'digits_zs/csd_top1' in r]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   config = _config_with_evaluator(tmp_path)
@@ -206,6 +207,7 @@ def _checkpoints(workdir) -> list[int]:
                 if d.isdigit())
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_sigterm_or_ctrl_c_on_one_host_stops_every_host_at_one_step(tmp_path):
   work = str(tmp_path / 'interrupted')
@@ -237,6 +239,7 @@ def test_sigterm_or_ctrl_c_on_one_host_stops_every_host_at_one_step(tmp_path):
   np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-6)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_an_exception_on_one_host_ends_every_host_within_a_minute(tmp_path):
   work = str(tmp_path / 'failing')

@@ -133,6 +133,7 @@ def test_the_lock_on_a_store_names_its_holder_and_stale_ones_are_taken(
     WorkdirLock(wd).acquire()
 
 
+@pytest.mark.serial
 def test_the_heartbeat_renews_the_lock(gcs, monkeypatch):
   monkeypatch.setattr(workdir_lock, 'HEARTBEAT_SECONDS', 0.2)
   wd = Workdir(gcs.url())
@@ -336,6 +337,7 @@ def test_a_damaged_newest_checkpoint_on_gcs_falls_back_and_is_set_aside(
   assert checkpoint.load_params(url)[1]['step'] == 6
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_pod_command_on_gcs_two_hosts_preempted_on_one_resumes_exactly(
     gcs, tmp_path):
