@@ -6,14 +6,6 @@ os.environ.setdefault('XLA_FLAGS', '')
 if '--xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
   os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-# The suite's programs are small and each is compiled once or a few times,
-# so compiling dominates its time: LLVM at -O0 compiles them much faster (a
-# compile-bound accumulation test 30 s -> 18 s) and runs them a little
-# slower. XLA's own passes (fusion, layout, sharding) still run: only the
-# machine-code optimisation is skipped. Processes the tests start inherit
-# it; set the flag yourself to time or profile anything.
-if '--xla_backend_optimization_level' not in os.environ['XLA_FLAGS']:
-  os.environ['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
 
 # Every JAX program the suite compiles, in this process and in the
 # processes tests start (``prolip_jax.main`` and the tools, dozens of them on
