@@ -181,6 +181,48 @@ def test_corrupt_jpegs_are_still_corrupt(photos):
   assert bad_records.check_image_bytes(data) is None
 
 
+def _damaged(data: bytes, rng: np.random.Generator, kind: int) -> bytes:
+  """``data`` truncated (kind 0), with 4 bytes overwritten at random (1) or
+  1-49 bytes cut out of its middle (2), past the SOI marker."""
+  n = len(data)
+  if kind == 0:
+    return data[:rng.integers(100, n)]
+  i = int(rng.integers(2, n - 4))
+  if kind == 1:
+    return data[:i] + rng.integers(0, 256, 4, np.uint8).tobytes() + (
+        data[i + 4:])
+  return data[:i] + data[i + int(rng.integers(1, 50)):]
+
+
+@pytest.mark.parametrize('options', [{}, {'progressive': True},
+                                     {'subsampling': 0}])
+def test_damaged_jpegs_are_judged_and_decoded_as_pillow_does(photos, options):
+  """Over 240 seeded damages per layout, the records ``check_image_bytes``
+  keeps with simplejpeg are those it keeps with Pillow alone, and where both
+  decoders take a damaged file their pixels are equal (the fast decoder
+  never lets through a file Pillow would call corrupt: it is stricter and
+  hands what it rejects to Pillow)."""
+  data = _jpeg(photos[0][::2, ::2], 'RGB', **options)
+  rng = np.random.default_rng(7)
+  verdicts = {'kept': 0, 'corrupt': 0, 'simplejpeg decoded': 0}
+  for k in range(240):
+    damaged = _damaged(data, rng, k % 3)
+    try:
+      ref = image_decode._decode_pil(damaged, 0)  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+      ref = None
+    fast = image_decode._decode_jpeg_turbo(damaged, 0)  # pylint: disable=protected-access
+    if fast is not None:
+      verdicts['simplejpeg decoded'] += 1
+      assert ref is not None, f'damage {k}: simplejpeg took what Pillow refuses'
+      np.testing.assert_array_equal(fast, ref, err_msg=f'damage {k}')
+    verdict = bad_records.check_image_bytes(damaged)
+    assert verdict == (None if ref is not None else bad_records.CORRUPT_IMAGE)
+    verdicts['kept' if ref is not None else 'corrupt'] += 1
+  # The damages reach both verdicts and both decoders.
+  assert min(verdicts.values()) >= 20, verdicts
+
+
 @pytest.mark.serial
 @pytest.mark.slow
 def test_an_input_bound_cpu_run_says_so():
