@@ -20,8 +20,10 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-MESH_AXES = ('data', 'fsdp')
-BATCH_AXES = ('data', 'fsdp')
+DATA_AXIS = 'data'  # parameters replicated across it
+FSDP_AXIS = 'fsdp'  # large parameters split across it
+MESH_AXES = (DATA_AXIS, FSDP_AXIS)
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 
 
 def mesh_shape(mesh_cfg: Mapping[str, int], num_devices: int

@@ -18,6 +18,7 @@ import pytest
 from prolip_jax import errors
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
+from prolip_jax.aot import report as aot_report
 from prolip_jax.data import transforms
 from prolip_jax.models import ProLIP
 from prolip_jax.training import accumulation
@@ -71,25 +72,35 @@ def _batch(c, model, mesh, seed=0) -> dict:
   return shd.host_to_global(mesh, batch)
 
 
-def _one_step(c, devices, ks):
-  """``{k: (metrics, state)}`` of one step from the same initial state."""
+def _steps(c, devices, fsdp=1):
+  """``(step_for, state, batch)``: ``step_for(k)`` is the jitted train step
+  with ``accum_steps=k`` on ``devices`` devices (``fsdp`` of them splitting
+  the large parameters), ``state`` the initial state, ``batch`` a random
+  one."""
   objective = objectives.get(c.objective)
   model = ProLIP(train.model_config_for(c, _Tokenizer()))
-  mesh = shd.make_mesh({'data': devices, 'fsdp': 1, 'num_devices': devices})
+  mesh = shd.make_mesh({'data': devices // fsdp, 'fsdp': fsdp,
+                        'num_devices': devices})
   tx, schedule = optimizer.make_optimizer(c.optim, c.total_steps)
   init, shardings = train.run_state_initializer(c, model, tx, mesh, objective)
-  state = init(jax.random.key(0))
-  batch = _batch(c, model, mesh)
-  out = {}
-  for k in ks:
+
+  def step_for(k):
     c.accum_steps = k
-    step = jax.jit(
+    return jax.jit(
         train.make_train_step(model, c, tx, schedule, mesh, MASK_ID,
                               objective),
         in_shardings=(shardings, shd.batch_sharding(mesh),
                       shd.replicated(mesh)),
         out_shardings=(shardings, shd.replicated(mesh)))
-    new_state, metrics = step(state, batch, jax.random.key(1))
+  return step_for, init(jax.random.key(0)), _batch(c, model, mesh)
+
+
+def _one_step(c, devices, ks, fsdp=1):
+  """``{k: (metrics, state)}`` of one step from the same initial state."""
+  step_for, state, batch = _steps(c, devices, fsdp)
+  out = {}
+  for k in ks:
+    new_state, metrics = step_for(k)(state, batch, jax.random.key(1))
     out[k] = jax.tree.map(np.asarray, (metrics, new_state))
   return out
 
@@ -138,6 +149,41 @@ def test_prolip_step_with_two_micro_batches_equals_the_whole_batch():
 def test_every_objective_accumulates_exactly_on_two_devices(objective):
   c = _config(objective, 2)
   _assert_same_step(_one_step(c, 2, (1, 2, 4)), f'{objective}/2')
+
+
+@pytest.mark.slow
+def test_the_gradient_is_all_reduced_once_per_step_whatever_k():
+  """On 4 data-parallel devices each device sums its own micro-batches'
+  gradients and the sums are added once: the compiled step's all-reduce
+  traffic (``aot.report.collectives``, each collective counted as often as
+  its loop runs) does not grow with K and is no more than the un-split
+  step's. Reducing after every micro-batch, as summing reduced gradients
+  does, adds the parameters' size once more per extra micro-batch. (XLA's
+  CPU compiler reduces the un-split step's gradient in two parts, one per
+  use of the image tower, so K = 1 moves twice the parameters' size here;
+  a TPU v5e compile moves it once.)"""
+  c = _config('prolip', 4)
+  step_for, state, batch = _steps(c, 4)
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(state.params))
+  traffic = {}
+  for k in (1, 2, 4):
+    compiled = step_for(k).lower(state, batch, jax.random.key(1)).compile()
+    traffic[k] = aot_report.collectives(compiled.as_text())['all-reduce'][
+        'bytes']
+  assert min(traffic.values()) >= param_bytes, (traffic, param_bytes)
+  assert traffic[2] <= traffic[1], (traffic, param_bytes)
+  assert abs(traffic[4] - traffic[2]) < 0.01 * param_bytes, (
+      traffic, param_bytes)
+
+
+@pytest.mark.slow
+def test_an_fsdp_mesh_accumulates_exactly():
+  """data 2 x fsdp 2 (the micro model's large leaves split over fsdp): each
+  micro-batch's gradient is reduced as it ends, and K = 2 still gives the
+  un-split step."""
+  c = _config('prolip', 4)
+  c.mesh.fsdp_min_size_mb = 0.0
+  _assert_same_step(_one_step(c, 4, (1, 2), fsdp=2), 'prolip/fsdp2')
 
 
 # One device (no ring: the dense loss) and four (one masked row per

@@ -16,7 +16,8 @@ trains with fewer negatives: another objective. The GradCache construction
    reads itself (the scale and bias).
 4. For each micro-batch again: the towers' forward and their backward from
    the cached output gradients (``jax.vjp``), summed into the parameter
-   gradient.
+   gradient: on a ``data``-parallel mesh each device sums its own rows' and
+   the sums are all-reduced once per step (``_summed_tower_grads``).
 
 The gradient is the un-split one up to float rounding (the sums run in
 another order), at the cost of one more forward pass of the towers per step
@@ -103,12 +104,49 @@ def value_and_grad(parts: LossParts, accum_steps: int, mesh) -> ValueAndGrad:
     (loss, metrics), (grads, d_outs) = jax.value_and_grad(
         parts.loss, argnums=(0, 1), has_aux=True)(params, outs, batch)
 
+    tower_grads = _summed_tower_grads(parts, params, teacher, mesh)
+    return (loss, metrics), jax.tree.map(
+        jnp.add, grads, tower_grads(micro_rows, split(d_outs)))
+
+  return vg
+
+
+def _summed_tower_grads(parts: LossParts, params, teacher, mesh
+                        ) -> Callable[[Any, Any], Any]:
+  """``f(micro_rows, micro_d_outs)``: the parameter gradient of the towers
+  summed over the K micro-batches (step 4 of the module docstring), from
+  ``(K, n // K, ...)`` rows and output gradients.
+
+  On a mesh of several ``data`` shards and no ``fsdp`` split, each device
+  sums its own rows' gradients over the micro-batches (``shard_map``) and
+  the devices' sums are added once, after the last one: one all-reduce per
+  step. Summing the reduced gradient instead would all-reduce it after
+  every micro-batch, K times the traffic. With ``fsdp`` > 1 the large
+  parameters are split over devices, so each micro-batch's gradient is
+  reduced (and scattered) as it ends, as in MaxText's accumulation.
+  """
+  def summed(micro_rows, micro_d_outs, params=params, teacher=teacher):
     def backward(acc, micro):
       rows, d_out = micro
       _, pullback = jax.vjp(lambda p: parts.towers(p, teacher, rows), params)
       return jax.tree.map(jnp.add, acc, pullback(d_out)[0]), None
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jax.lax.scan(backward, zeros, (micro_rows, micro_d_outs))[0]
 
-    grads, _ = jax.lax.scan(backward, grads, (micro_rows, split(d_outs)))
-    return (loss, metrics), grads
+  if (mesh is None or shd.num_batch_shards(mesh) == 1
+      or mesh.shape[shd.FSDP_AXIS] > 1):
+    return summed
 
-  return vg
+  def reduced_once(micro_rows, micro_d_outs, params, teacher):
+    # Replicated parameters are invariant over the devices, so shard_map
+    # would sum their cotangent over the devices inside every micro-batch's
+    # backward; as varying ones each device keeps its own sum until the end.
+    params = jax.lax.pcast(params, shd.DATA_AXIS, to='varying')
+    return jax.lax.psum(summed(micro_rows, micro_d_outs, params, teacher),
+                        shd.DATA_AXIS)
+  rows_spec = P(None, shd.DATA_AXIS)  # (K, n // K, ...): each device's rows
+  over_devices = jax.shard_map(
+      reduced_once, mesh=mesh, in_specs=(rows_spec, rows_spec, P(), P()),
+      out_specs=P())
+  return lambda micro_rows, micro_d_outs: over_devices(
+      micro_rows, micro_d_outs, params, teacher)
