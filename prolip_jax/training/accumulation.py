@@ -138,15 +138,17 @@ def _summed_tower_grads(parts: LossParts, params, teacher, mesh
     return summed
 
   def reduced_once(micro_rows, micro_d_outs, params, teacher):
-    # Replicated parameters are invariant over the devices, so shard_map
-    # would sum their cotangent over the devices inside every micro-batch's
-    # backward; as varying ones each device keeps its own sum until the end.
-    params = jax.lax.pcast(params, shd.DATA_AXIS, to='varying')
     return jax.lax.psum(summed(micro_rows, micro_d_outs, params, teacher),
                         shd.DATA_AXIS)
   rows_spec = P(None, shd.DATA_AXIS)  # (K, n // K, ...): each device's rows
+  # check_vma=False: with it on, shard_map types the replicated parameters
+  # as invariant and sums their cotangent over the devices inside every
+  # micro-batch's backward (so would pcast(to='varying'), but jax 0.12
+  # then refuses the exact GELU's derivative: its erfc polynomial mixes
+  # varying and invariant operands). Off, each device keeps its own sum and
+  # the one psum above adds them.
   over_devices = jax.shard_map(
       reduced_once, mesh=mesh, in_specs=(rows_spec, rows_spec, P(), P()),
-      out_specs=P())
+      out_specs=P(), check_vma=False)
   return lambda micro_rows, micro_d_outs: over_devices(
       micro_rows, micro_d_outs, params, teacher)
