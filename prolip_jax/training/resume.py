@@ -139,6 +139,9 @@ def restore_or_init(mngr, config, init_state: Callable, init_rng: jax.Array,
                     '(optim.ema_decay): starting it from the restored '
                     'parameters', start)
   logging.info('Resumed from step %d', start)
-  return start, abstract.replace(step=jnp.asarray(start, jnp.int32),
-                                 params=params, opt_state=opt_state,
-                                 ema=ema)
+  # The counter on the sharding the train step outputs it with: a
+  # ``jnp.asarray`` scalar is uncommitted, its aval without the mesh, and the
+  # step would be traced and compiled once more at its second call.
+  step = jax.device_put(jnp.asarray(start, jnp.int32), state_shardings.step)
+  return start, abstract.replace(step=step, params=params,
+                                 opt_state=opt_state, ema=ema)
