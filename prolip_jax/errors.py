@@ -17,21 +17,32 @@ Exit statuses of ``prolip_jax.main``:
   130 Ctrl-C, as a shell reports it (a checkpoint is saved first; in a
      multi-host run the host that got it exits 130 after the common stop
      above; a second Ctrl-C leaves at once);
+  74 the store (a bucket, a disk's server) failed an operation after the
+     client libraries' retries: a 403, a missing bucket, a store that
+     cannot be reached or keeps answering 5xx (``StoreError``); the last
+     committed checkpoint is intact: run the same command again once the
+     store works (74 is ``EX_IOERR`` of sysexits.h);
   1  a bug: a traceback is printed.
 
 In a multi-host run every failure also ends with one line ``error: process
 I of N (HOST): ...`` naming the host, and the process leaves without waiting
-for the others (``end_distributed_process``); the coordination service then
-ends the other hosts (exit status 134, its ``Terminating process because the
-JAX distributed service detected fatal errors`` message) within its
-heartbeat timeout (``prolip_jax.main.HEARTBEAT_TIMEOUT_S``).
+for the others (``end_distributed_process``); it posts that line to the
+coordination service, and every other host leaves within a second with
+``error: process J of N (HOST): stopping: process I failed: ...`` and the
+same status (``watch_other_hosts``). A host that vanished without posting
+is noticed by the coordination service, which ends the others (exit status
+134, its ``Terminating process because the JAX distributed service detected
+fatal errors`` message) within its heartbeat timeout
+(``prolip_jax.main.HEARTBEAT_TIMEOUT_S``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import difflib
 import errno
+import json
 import logging
 import os
 import re
@@ -46,6 +57,7 @@ EXIT_BUG = 1
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports after Ctrl-C
+EXIT_STORE = 74  # EX_IOERR: the store failed; resume once it works
 # How long a failing process of a multi-host run waits for the others at
 # JAX's shutdown barrier (they reach it when they failed alike) before it
 # leaves anyway.
@@ -74,6 +86,12 @@ class TrainingDivergedError(UserError, FloatingPointError):
 
 class CheckpointError(UserError, OSError):
   """No checkpoint of a workdir or export can be read."""
+
+
+class StoreError(UserError, OSError):
+  """The store failed an operation of the run after the clients' own
+  retries (``store_fault`` says how): one line naming the operation, the
+  object and the answer; exit status ``EXIT_STORE``."""
 
 
 class Preempted(BaseException):
@@ -162,11 +180,101 @@ def _storage_os_error(exc: BaseException) -> Optional[OSError]:
   return OSError(code, os.strerror(code), path)
 
 
-def user_error_of(exc: BaseException) -> Optional[BaseException]:
-  """The user's error behind ``exc`` (``exc`` itself, its cause or context,
-  or a member of an exception group): a ``UserError`` or an OS error of the
-  user's environment (missing path, read-only, disk full, permission). None
-  when ``exc`` is a bug."""
+# TensorStore's status texts for a failed request to a store: 'CODE: ...
+# [http_response_code='403']'.
+_TS_STATUS = re.compile(r'^([A-Z_]{6,}): ')
+_HTTP_CODE = re.compile(r"http_response_code='?(\d{3})")
+_HTTP_REASONS = {400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden',
+                 404: 'Not Found', 408: 'Request Timeout',
+                 412: 'Precondition Failed', 429: 'Too Many Requests',
+                 500: 'Internal Server Error', 502: 'Bad Gateway',
+                 503: 'Service Unavailable', 504: 'Gateway Timeout'}
+_STORE_HINTS = {
+    401: 'check the credentials (gcloud auth application-default login, '
+         'or GOOGLE_APPLICATION_CREDENTIALS)',
+    403: 'check that the credentials may write the bucket (an expired or '
+         'read-only credential, a bucket policy)',
+    404: 'check that the bucket exists',
+    429: 'the store kept throttling after every retry',
+}
+
+
+def _http_status(code: int, detail: str = '') -> str:
+  text = f'HTTP {code} {_HTTP_REASONS.get(code, "")}'.rstrip()
+  detail = ' '.join(detail.split())[:160]
+  return f'{text} ({detail})' if detail else text
+
+
+def _one_store_fault(e: BaseException) -> Optional[tuple[str, str]]:
+  """``(the store's answer, what to do)`` when ``e`` itself is a failed
+  request to an object store, else None."""
+  module = type(e).__module__ or ''
+  name = type(e).__name__
+  text = ' '.join(str(e).split())
+  code = getattr(e, 'code', None)
+  if name == 'HttpError' and module.startswith('gcsfs') and isinstance(
+      code, int):  # gcsfs after its retries
+    words = str(getattr(e, 'message', '') or '')
+    words = words[:-len(f', {code}')] if words.endswith(f', {code}') else words
+    return _http_status(code, words), _STORE_HINTS.get(code, '')
+  if isinstance(e, OSError) and text.startswith('Forbidden: '):  # gcsfs 403
+    return _http_status(403, str(e).split('\n', 1)[-1]), _STORE_HINTS[403]
+  if isinstance(e, FileNotFoundError) and '/storage/v1/b/' in text:
+    return _http_status(404, 'no such bucket or object'), _STORE_HINTS[404]
+  if module.startswith('aiohttp') or name in ('EndpointConnectionError',
+                                              'ConnectTimeoutError'):
+    return (f'the store could not be reached ({name}: {text[:120]})',
+            'check the network and the store, then run again')
+  if name == 'ClientError' and module.startswith('botocore'):
+    err = getattr(e, 'response', {}).get('Error', {})
+    meta = getattr(e, 'response', {}).get('ResponseMetadata', {})
+    status = meta.get('HTTPStatusCode')
+    detail = f"{err.get('Code', '')}: {err.get('Message', '')}"
+    return ((_http_status(status, detail) if isinstance(status, int)
+             else detail), _STORE_HINTS.get(status, ''))
+  if 'Malformed StorageGeneration' in text:
+    return ('the server answered without the x-goog-generation header '
+            '(TensorStore: Malformed StorageGeneration)',
+            'real GCS sends it; the bare gcp-storage-emulator does not: '
+            'use tests/gcs_server.py (docs/training.md#trying-the-pod-path-'
+            'on-one-machine)')
+  if isinstance(e, TimeoutError) and 'async_write_complete' in text:
+    return ('the hosts timed out waiting for each other\'s checkpoint '
+            'writes', 'another host failed first: see its error line')
+  if 'CURL error' in text:  # TensorStore after its retries
+    curl = text[text.index('CURL error'):].split(' [')[0][:120]
+    return (f'the store could not be reached ({curl})',
+            'check the network and the store, then run again')
+  status = _TS_STATUS.match(text)
+  http = _HTTP_CODE.search(text)
+  if status and (http or 'gs://' in text or 's3://' in text
+                 or 'CURL error' in text):
+    detail = re.split(r' \[http_response_', text[len(status.group(0)):])[0]
+    if http:
+      code = int(http.group(1))
+      return (_http_status(code, detail.rsplit(': ', 1)[-1]),
+              _STORE_HINTS.get(code, ''))
+    return (f'{status.group(1)} ({detail[:160]})',
+            'check the network and the store, then run again')
+  return None
+
+
+def store_fault(exc: BaseException) -> Optional[tuple[str, str]]:
+  """``(answer, hint)`` for the first failed object-store request in
+  ``exc``'s chain (cause, context, exception-group members): gcsfs's and
+  s3fs's errors after their retries, TensorStore's status texts (through
+  Orbax), an unreachable store. ``answer`` names the HTTP status and the
+  store's words; ``hint`` what to do (may be empty). None otherwise."""
+  for e in _chain(exc):
+    found = _one_store_fault(e)
+    if found is not None:
+      return found
+  return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+  """``exc``, then its exception-group members, cause and context, each
+  once, breadth first."""
   seen: set[int] = set()
   todo = [exc]
   while todo:
@@ -174,16 +282,46 @@ def user_error_of(exc: BaseException) -> Optional[BaseException]:
     if e is None or id(e) in seen:
       continue
     seen.add(id(e))
+    yield e
+    todo.extend(getattr(e, 'exceptions', ()) or ())
+    todo.extend([e.__cause__, e.__context__])
+
+
+def store_error(operation: str, exc: BaseException,
+                kept: str = '') -> Optional[StoreError]:
+  """A ``StoreError`` saying ``operation`` (e.g. 'saving checkpoint step
+  5 to gs://...') failed, with the store's answer, ``kept`` (what is
+  intact) and what to do; None when ``exc`` is no store fault."""
+  if isinstance(exc, StoreError):
+    return exc
+  found = store_fault(exc)
+  if found is None:
+    return None
+  answer, hint = found
+  parts = [f'{operation} failed: {answer}']
+  if kept:
+    parts.append(kept)
+  parts.append(hint or 'run the same command again once the store works')
+  return StoreError('; '.join(parts))
+
+
+def user_error_of(exc: BaseException) -> Optional[BaseException]:
+  """The user's error behind ``exc`` (``exc`` itself, its cause or context,
+  or a member of an exception group): a ``UserError`` or an OS error of the
+  user's environment (missing path, read-only, disk full, permission). None
+  when ``exc`` is a bug. A failed request to an object store (anywhere
+  behind ``exc``) is a ``StoreError``."""
+  for e in _chain(exc):
     if isinstance(e, UserError):
       return e
+    if store_fault(e) is not None:  # a failed request to a bucket
+      return store_error('a request to the store', e)
     if isinstance(e, _USER_OS_CLASSES) or (
         isinstance(e, OSError) and e.errno in _USER_ERRNOS):
       return e
     storage = _storage_os_error(e)
     if storage is not None:
       return storage
-    todo.extend(getattr(e, 'exceptions', ()) or ())  # ExceptionGroup
-    todo.extend([e.__cause__, e.__context__])
   return None
 
 
@@ -201,6 +339,12 @@ def message(exc: BaseException) -> str:
     return f'{text} ({hint})' if hint else text
   text = str(exc) or type(exc).__name__
   return ' '.join(text.split()) if isinstance(exc, OSError) else text
+
+
+def exit_status(found: BaseException) -> int:
+  """The exit status of a user's error ``found`` (``user_error_of``):
+  ``EXIT_STORE`` for a store's fault, else ``EXIT_USER_ERROR``."""
+  return EXIT_STORE if isinstance(found, StoreError) else EXIT_USER_ERROR
 
 
 def debug_requested(argv: Optional[Sequence[str]] = None) -> bool:
@@ -247,8 +391,14 @@ def end_distributed_process(text: str, status: int):
   ends the other processes.
   """
   index, count = distributed_process() or (0, 1)
-  print(f'error: process {index} of {count} ({socket.gethostname()}): '
-        f'{text}', file=sys.stderr, flush=True)
+  with _ENDING:
+    if _ENDING.ended:  # another host's failure is ending this process now
+      threading.Event().wait()
+    _ENDING.ended = True
+    print(f'error: process {index} of {count} ({socket.gethostname()}): '
+          f'{text}', file=sys.stderr, flush=True)
+  _announce_failure(index, text, status)
+  _stop_watching()
   import jax  # pylint: disable=g-import-not-at-top
   shutdown = threading.Thread(target=jax.distributed.shutdown, daemon=True)
   shutdown.start()
@@ -260,6 +410,93 @@ def end_distributed_process(text: str, status: int):
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(status)  # pylint: disable=protected-access
+
+
+# A host that fails tells the others through the coordination service's
+# key-value store (``_announce_failure``); ``watch_other_hosts`` ends each
+# of them with one line within a second instead of leaving them in a
+# collective or a checkpoint barrier until the service's heartbeat timeout.
+_FAILED_KEY = 'prolip_jax/failed_host'
+_WATCH_PERIOD_S = 0.5
+
+
+class _Ending:
+  """Whether this process already printed its own last line."""
+
+  def __init__(self):
+    self.ended = False
+    self._lock = threading.Lock()
+
+  def __enter__(self):
+    self._lock.acquire()
+
+  def __exit__(self, *exc):
+    self._lock.release()
+
+
+_ENDING = _Ending()
+
+
+_WATCH_DONE = threading.Event()
+_WATCH_ASKING = threading.Lock()  # held while the watcher asks the service
+
+
+def _stop_watching():
+  """Ends ``watch_other_hosts``'s thread and waits for its request in
+  flight: JAX's shutdown of the client must not race with it."""
+  _WATCH_DONE.set()
+  with _WATCH_ASKING:
+    pass
+
+
+def _coordination_client():
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client
+
+
+def _announce_failure(index: int, text: str, status: int):
+  try:
+    _coordination_client().key_value_set(_FAILED_KEY, json.dumps(
+        {'process': index, 'text': text, 'status': status}))
+  except Exception:  # pylint: disable=broad-except
+    pass  # another host announced first, or the service is gone
+
+
+def watch_other_hosts():
+  """In a multi-host run, a daemon thread that ends this process when
+  another host announces its failure (``end_distributed_process``): one
+  line ``error: process I of N (HOST): stopping: process J failed: ...``
+  and that host's exit status, within ``_WATCH_PERIOD_S``. A no-op in a
+  single process."""
+  mine = distributed_process()
+  if mine is None:
+    return
+  index, count = mine
+  client = _coordination_client()
+  atexit.register(_stop_watching)  # runs before jax's (registered earlier)
+
+  def watch():
+    while not _WATCH_DONE.wait(_WATCH_PERIOD_S):
+      with _WATCH_ASKING:
+        if _WATCH_DONE.is_set():
+          return
+        try:
+          failed = json.loads(client.key_value_try_get(_FAILED_KEY))
+        except Exception:  # pylint: disable=broad-except
+          continue  # not set (NOT_FOUND), or the service is going away
+      if failed.get('process') == index:
+        return
+      with _ENDING:
+        if _ENDING.ended:
+          return
+        _ENDING.ended = True
+        print(f'error: process {index} of {count} ({socket.gethostname()})'
+              f': stopping: process {failed.get("process")} failed: '
+              f'{failed.get("text")}', file=sys.stderr, flush=True)
+      os._exit(int(failed.get('status', EXIT_BUG)))  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, name='prolip_jax-other-hosts',
+                   daemon=True).start()
 
 
 def cli_main(fn: Callable[[], Optional[int]],
@@ -281,7 +518,7 @@ def cli_main(fn: Callable[[], Optional[int]],
   quiet = _QuietUserErrorLogs()
   # Orbax's threads log a failed background write (absl), and its pending
   # writes fail again at exit (asyncio): the one line below says it all.
-  noisy = [logging.getLogger(name) for name in ('absl', 'asyncio')]
+  noisy = [logging.getLogger(name) for name in ('absl', 'asyncio', 'gcsfs')]
   for logger in noisy if not debug else ():
     logger.addFilter(quiet)
   # Exceptions Python cannot raise (callbacks of TensorStore's futures into
@@ -323,10 +560,10 @@ def cli_main(fn: Callable[[], Optional[int]],
     else:  # ... and while Python shuts down ('Exception ignored in ...')
       _quiet_exit(noisy)
     if distributed_process() is not None:
-      end_distributed_process(message(found), EXIT_USER_ERROR)
+      end_distributed_process(message(found), exit_status(found))
     print(f'error: {message(found)}', file=sys.stderr, flush=True)
     reported = True
-    return EXIT_USER_ERROR
+    return exit_status(found)
   finally:
     if not reported:  # kept after an error: the echoes come at exit
       for logger in noisy:

@@ -9,7 +9,8 @@ Exit statuses (``prolip_jax/errors.py``): 0 finished, 2 a user error (one
 line ``error: ...``; ``--debug`` or ``PROLIP_DEBUG=1`` adds the traceback),
 75 stopped by SIGTERM after saving (resume with the same command; in a
 multi-host run SIGTERM or Ctrl-C on any host stops every host after the same
-step), 130 Ctrl-C, 1 a bug.
+step), 74 the store failed after its client's retries (one line ``error:
+...``; the last committed checkpoint is intact), 130 Ctrl-C, 1 a bug.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def run(argv: list[str]) -> int:
     # next step instead of 440 MiB of new pages (host_memory.py).
     host_memory.keep_freed_memory_on_cpu()
     _distributed_init()
+    errors.watch_other_hosts()  # another host's failure ends this one
     from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
     summary = train.train_and_evaluate(
         config, flags.FLAGS.workdir,
@@ -105,7 +107,15 @@ def run(argv: list[str]) -> int:
 
 
 def main():
-  sys.exit(run(sys.argv))
+  status = run(sys.argv)
+  if status == errors.EXIT_STORE:
+    # Orbax's save threads may still be retrying a store that failed:
+    # leave now instead of waiting for them at exit (the error line is
+    # out; nothing more can be saved).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access
+  sys.exit(status)
 
 
 if __name__ == '__main__':

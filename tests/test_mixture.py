@@ -2,7 +2,6 @@
 Grain's interleave counted exactly, the batches' shares, hosts, resumption,
 per-source metrics and the drift rule for the weights."""
 
-import io
 import json
 import os
 import shutil
@@ -18,15 +17,15 @@ from prolip_jax.config import keys as config_keys
 from prolip_jax.config import presets
 from prolip_jax.data import mixture
 from prolip_jax.data import pipeline
-from prolip_jax.data import record_format
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import train
+import support
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
                           'configs')
-RED = (250, 0, 0)
+RED = support.RED
 
 
 def _tokens(text):
@@ -212,21 +211,6 @@ def test_new_weights_continue_each_source_where_it_stopped():
     mixture.continue_history(stored, ('a', 'c'), (0.5, 0.5), 80)
 
 
-def _red_shard(directory, n=40):
-  """One array_record shard of ``n`` solid red JPEGs (digits are grey)."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  os.makedirs(directory, exist_ok=True)
-  writer = record_format.ShardWriter(os.path.join(directory,
-                                                  'red.array_record'))
-  for i in range(n):
-    buf = io.BytesIO()
-    Image.new('RGB', (40, 40), RED).save(buf, 'JPEG')
-    writer.write(record_format.serialize_example(
-        buf.getvalue(), f'a red square number {i}', f'red{i}'))
-  writer.close()
-  return os.path.join(directory, '*.array_record')
-
-
 def _red_rows(batch):
   """Which rows of a host-cropped batch (no colour jitter) are red."""
   image = batch['image'].astype(np.int32)
@@ -235,7 +219,7 @@ def _red_rows(batch):
 
 def test_digits_and_array_record_mix_by_weight(tmp_path):
   cfg = _config(red={'name': 'array_record', 'weight': 0.3,
-                     'path': _red_shard(str(tmp_path))},
+                     'path': support.red_shard(str(tmp_path))},
                 digits={'name': 'digits', 'weight': 0.7, 'split': 'val'})
   source, _ = sources.train_source(cfg)
   assert source.labels == ('digits', 'red')
@@ -266,7 +250,7 @@ def test_a_two_source_mixture_trains_resumes_exactly_and_counts(tmp_path,
   metrics.jsonl counts each source's records as Grain mixes them; new
   weights on resume continue each source and resume exactly again."""
   cfg = _config(red={'name': 'array_record', 'weight': 0.25,
-                     'path': _red_shard(str(tmp_path / 'red'))},
+                     'path': support.red_shard(str(tmp_path / 'red'))},
                 digits={'name': 'digits', 'weight': 0.75})
   cfg.total_steps = 4
   cfg.evals = {}

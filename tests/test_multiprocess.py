@@ -24,6 +24,8 @@ import time
 import numpy as np
 import pytest
 
+import support
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, 'configs', 'prolip_micro.py')
 STEPS = 4
@@ -36,15 +38,7 @@ def _free_port():
 
 
 def _env(devices):
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
-  env['JAX_PLATFORMS'] = 'cpu'
-  # A hung process's log holds everything it printed, and SIGABRT (sent
-  # by ``_TwoProcesses.wait`` past its timeout) makes it print where every
-  # thread is.
-  env['PYTHONUNBUFFERED'] = '1'
-  env['PYTHONFAULTHANDLER'] = '1'
-  return env
+  return support.cpu_env(devices)
 
 
 def _config_with_evaluator(tmp_path) -> str:

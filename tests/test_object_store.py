@@ -191,6 +191,42 @@ def test_export_to_a_store_loads_the_same_model_and_needs_its_manifest(
     prolip_jax.load(url3)
 
 
+@pytest.mark.slow
+def test_an_export_to_s3_rides_out_transient_faults_and_names_a_403(
+    s3, tmp_path, tokenizers):
+  """tools/export_pytorch.py to s3:// through a faulty store
+  (tests/faulty_store.py): 20% of requests answered 429/500/503 or slow
+  give the same model; a 403 on every request is one line naming the
+  export, exit status 74."""
+  import faulty_store  # pylint: disable=g-import-not-at-top
+  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  proxy = faulty_store.start(s3.env['AWS_ENDPOINT_URL'], seed=5, rate=0.2,
+                             delay=0.3)
+  env = dict(os.environ, **proxy.env(s3.env))
+  try:
+    def export(url):
+      return subprocess.run(
+          [sys.executable, 'tools/export_pytorch.py', f'--workdir={local}',
+           f'--out={url}'], cwd=REPO, env=env, capture_output=True,
+          text=True, timeout=300)
+
+    url = s3.url('export')
+    done = export(url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = proxy.report()['counts']
+    assert sum(counts[k] for k in ('429', '500', '503', 'slow')) >= 3, counts
+    tue._assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
+    proxy.set(rate=0.0, persistent='forbidden')
+    done = export(s3.url('export'))
+    lines = [l for l in done.stderr.splitlines() if l.startswith('error:')]
+    assert done.returncode == errors.EXIT_STORE, done.stderr[-3000:]
+    assert len(lines) == 1 and 'export' in lines[0] and 's3://' in lines[0], (
+        done.stderr[-3000:])
+    assert '403' in lines[0] and 'Traceback' not in done.stderr
+  finally:
+    proxy.stop()
+
+
 def test_a_damaged_local_export_is_refused_by_its_manifest(
     tmp_path, export_tool, tokenizers):
   local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])

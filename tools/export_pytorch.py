@@ -63,6 +63,7 @@ from prolip_jax.storage import atomic
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import file_names
 from prolip_jax.storage import paths
+from prolip_jax.storage import store_faults
 from prolip_jax.storage.file_names import CONFIG_FILE
 from prolip_jax.storage.file_names import PROJECT_FILE
 from prolip_jax.storage.file_names import WEIGHTS_FILE
@@ -139,7 +140,11 @@ def export(workdir: str, out: str, step: Optional[int] = None,
   if paths.is_remote(dest):
     # No folder to swap on an object store: the old manifest goes first and
     # the new one is uploaded last, so load sees a whole export or refuses.
-    with tempfile.TemporaryDirectory(prefix='prolip_jax-export-') as tmp:
+    with tempfile.TemporaryDirectory(prefix='prolip_jax-export-') as tmp, (
+        store_faults.operation(
+            f'writing the export to {dest}',
+            'the checkpoint is not affected, and load refuses an export '
+            'cut short (no manifest); run the export again')):
       write_files(tmp)
       old = _check_out(dest)  # again: the files may have changed meanwhile
       new = os.listdir(tmp)
@@ -214,7 +219,8 @@ def main(argv):
   f = flags.FLAGS
 
   def body():
-    export(f.workdir, f.out, f.step, f.hub_compatible)
+    with store_faults.operation(f'exporting {f.workdir} to {f.out}'):
+      export(f.workdir, f.out, f.step, f.hub_compatible)
     print(f'exported {f.workdir} to {f.out}: '
           f'{", ".join(sorted(p.name for p in paths.parse(f.out).iterdir()))}')
 

@@ -160,11 +160,16 @@ class Objective:
       if accum > 1:
         why = (f'must split into accum_steps={accum} equal micro-batches'
                + (f', each of which {why}' if multiple > 1 else ''))
+      per_shard = multiple * accum
+      # On a resume batch_size is fixed: the slice is what to change.
+      fits = (config.batch_size // per_shard
+              if config.batch_size % per_shard == 0 else 0)
       raise ValueError(
           f'batch_size {config.batch_size} gives a per-device batch of '
           f'{local_batch} ({batch_shards} batch shards), which {why}: '
-          f'choose batch_size a multiple of '
-          f'{multiple * accum * batch_shards}')
+          f'choose batch_size a multiple of {per_shard * batch_shards}'
+          + (f', or a mesh whose batch shards (mesh.data x mesh.fsdp, '
+             f'mesh.num_devices) divide {fits}' if fits else ''))
 
   def masked_copies(self, config) -> Optional[dict[str, Any]]:
     """The masked copies this objective embeds besides the batch, for the

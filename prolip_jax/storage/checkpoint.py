@@ -40,6 +40,7 @@ import orbax.checkpoint as ocp
 from prolip_jax import errors
 from prolip_jax.storage import file_names
 from prolip_jax.storage import paths
+from prolip_jax.storage import store_faults
 from prolip_jax.storage import workdir as workdir_lib
 from prolip_jax.storage.workdir import Workdir
 
@@ -108,6 +109,7 @@ def manager(workdir, max_to_keep: Optional[int] = 3,
   """A CheckpointManager over ``WORKDIR/checkpoints`` with our three items
   (``UserError`` for a store Orbax cannot write: ``s3://``)."""
   Workdir.of(workdir).check_checkpoint_store()
+  store_faults.configure_retries()  # TensorStore's, bounded (docs)
   if read_only:  # opens without creating or deleting anything
     options = ocp.CheckpointManagerOptions(create=False)
   else:

@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from typing import Callable, Iterator, Optional
 
 from absl import logging
@@ -19,6 +20,7 @@ from jax.experimental import multihost_utils
 from prolip_jax import errors
 from prolip_jax.evaluation.report import number
 from prolip_jax.storage import paths
+from prolip_jax.storage import store_faults
 from prolip_jax.storage.workdir import Workdir
 from prolip_jax.training import signals
 from prolip_jax.training import step_timing
@@ -86,6 +88,11 @@ def logged_keys(path, step: int) -> set[str]:
           if k != 'step'}
 
 
+# What a failed metrics write leaves: the file holds every row before it.
+_METRICS_KEPT = ('the rows logged before are kept, and the checkpoints are '
+                 'not affected')
+
+
 class MetricWriter:
   """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars.
 
@@ -133,24 +140,32 @@ class MetricWriter:
     row = {'step': int(step)}
     row.update({k: float(v) for k, v in scalars.items()})
     line = json.dumps(row) + '\n'
-    if self.remote:
-      self._text += line
-      paths.write_text(self.path, self._text)
-    else:
-      with open(self.path, 'a') as f:
-        f.write(line)
+    with store_faults.operation(f'writing the metrics file {self.path}',
+                                _METRICS_KEPT):
+      if self.remote:
+        paths.write_text(self.path, self._text + line)
+        self._text += line  # once written: a failed write adds no row
+      else:
+        with open(self.path, 'a') as f:
+          f.write(line)
     if self.tb is not None:
       for k, v in scalars.items():
         self.tb.add_scalar(k, float(v), int(step))
       self.tb.flush()
-      if self._tb_local is not None:
+      self._upload_tensorboard()
+
+  def _upload_tensorboard(self):
+    if self._tb_local is not None:
+      with store_faults.operation(
+          f'uploading the TensorBoard files to {self._tb_dest}',
+          _METRICS_KEPT):
         paths.upload_tree(self._tb_local, self._tb_dest)
 
   def close(self):
     if self.tb is not None:
       self.tb.close()
       if self._tb_local is not None:
-        paths.upload_tree(self._tb_local, self._tb_dest)
+        self._upload_tensorboard()
         shutil.rmtree(self._tb_local, ignore_errors=True)
         self._tb_local = None
 
@@ -166,6 +181,25 @@ def _preemption_sync_available() -> bool:
     return True
   except RuntimeError:  # the preemption service is switched off
     return False
+
+
+# How long a stop (SIGTERM, Ctrl-C) may take to save and leave.
+STOP_DEADLINE_ENV = 'PROLIP_STOP_DEADLINE_S'
+DEFAULT_STOP_DEADLINE_S = 180.0  # the save timeout's 120 s and more
+
+
+def stop_deadline_s() -> float:
+  """``PROLIP_STOP_DEADLINE_S`` or ``DEFAULT_STOP_DEADLINE_S``: a stop's
+  time to save its checkpoint and leave (raise it for checkpoints that take
+  longer to write)."""
+  text = os.environ.get(STOP_DEADLINE_ENV, '').strip()
+  try:
+    value = float(text) if text else DEFAULT_STOP_DEADLINE_S
+  except ValueError:
+    value = -1.0
+  if not value > 0:
+    raise errors.UserError(f'{STOP_DEADLINE_ENV}={text!r}: give seconds > 0')
+  return value
 
 
 class StopFlag:
@@ -202,6 +236,10 @@ class StopFlag:
     self.stop, self.interrupted = signals.early()
     self._calls = 0  # at_step calls: the same count on every host
     self._previous: dict[int, object] = {}
+    # What a stop that cannot save leaves intact (the loop's SaveWatch).
+    self.kept: Callable[[], str] = lambda: (
+        'the last committed checkpoint is intact')
+    self._deadline: Optional[threading.Timer] = None
     self.synced = jax.process_count() > 1 and _preemption_sync_available()
     if self.synced:
       self._install(signal.SIGINT, self._ctrl_c_to_notice)
@@ -227,16 +265,45 @@ class StopFlag:
   def _handler(self, signum, frame):
     del frame
     ctrl_c = signum == signal.SIGINT
-    if ctrl_c and self.interrupted:  # the second Ctrl-C: leave now
-      signal.signal(signal.SIGINT, signal.default_int_handler)
-      raise KeyboardInterrupt('interrupted (Ctrl-C twice): left at once, '
-                              'without a new checkpoint; run the same '
-                              'command to resume from the last one')
+    if self.stop:  # the second signal: leave now
+      self._leave_now(signum)
     self.stop = True
     self.interrupted = self.interrupted or ctrl_c
+    self._start_deadline()
     if ctrl_c:  # os.write: print() here could re-enter a busy stream
       os.write(2, b'Ctrl-C: stopping at the next step boundary with a '
                b'checkpoint (Ctrl-C again to leave at once, without one)\n')
+
+  def _leave_now(self, signum):
+    """A second SIGTERM or Ctrl-C: one line, then the process ends at once
+    (``os._exit``: no save, no wait for a store or another host)."""
+    what = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
+    os.write(2, (f'interrupted ({what} twice): left at once without saving '
+                 f'this stop\'s checkpoint; {self.kept()}\n').encode())
+    os._exit(errors.EXIT_INTERRUPTED if signum == signal.SIGINT  # pylint: disable=protected-access
+             else errors.EXIT_PREEMPTED)
+
+  def _start_deadline(self):
+    """From the stop on, the process has ``stop_deadline_s()`` to save and
+    leave; past it (a save stuck on a store that does not answer) one line
+    says what was not saved and the process ends (``errors.EXIT_STORE``):
+    a stop never hangs."""
+    if self._deadline is not None:
+      return
+    limit = stop_deadline_s()
+
+    def overdue():
+      os.write(2, (f'error: the stop did not end within {limit:g} s '
+                   f'({STOP_DEADLINE_ENV}): its checkpoint was not saved '
+                   '(a save stuck on a store that does not answer, a host '
+                   'that does not reach it, or a longer step); '
+                   f'{self.kept()}; run the same command again once the '
+                   'store works\n').encode())
+      os._exit(errors.EXIT_STORE)  # pylint: disable=protected-access
+
+    self._deadline = threading.Timer(limit, overdue)
+    self._deadline.daemon = True
+    self._deadline.start()
 
   def check(self, phase: str, resumed: Callable[[], bool]):
     """Ends a run stopped before its first step, after ``phase`` (e.g. 'the
@@ -272,11 +339,20 @@ class StopFlag:
     self._calls += 1
     if multihost_utils.reached_preemption_sync_point(self._calls):
       self.stop = True
+      self._start_deadline()
+      # The notice is delivered: a second SIGTERM or Ctrl-C now leaves at
+      # once (the C++ notifier would ignore it).
+      self._install(signal.SIGTERM, lambda signum, _: self._leave_now(signum))
+      self._install(signal.SIGINT, lambda signum, _: self._leave_now(signum))
       status(f'Process {jax.process_index()} of {jax.process_count()}: '
              f'preemption notice; every host stops after step {step}')
 
   def close(self):
-    """Gives the signals their previous handlers."""
+    """Gives the signals their previous handlers; the stop's deadline
+    ends (the run is over)."""
+    if self._deadline is not None:
+      self._deadline.cancel()
+      self._deadline = None
     for signum, previous in self._previous.items():
       try:
         signal.signal(signum, previous)

@@ -21,9 +21,11 @@ _early = {'stop': False, 'interrupted': False}
 
 def _remember(signum, frame):
   del frame
-  if signum == signal.SIGINT and _early['interrupted']:  # a second Ctrl-C
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    raise KeyboardInterrupt('interrupted (Ctrl-C twice) while starting')
+  if _early['stop']:  # a second SIGTERM or Ctrl-C: leave at once
+    what = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
+    os.write(2, f'interrupted ({what} twice) while starting: left at once, '
+             'nothing new to save\n'.encode())
+    os._exit(130 if signum == signal.SIGINT else 75)  # errors.EXIT_*
   _early['stop'] = True
   if signum == signal.SIGINT:
     _early['interrupted'] = True

@@ -51,6 +51,7 @@ from prolip_jax.objectives.base import LossParts
 from prolip_jax.objectives.base import Objective
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
+from prolip_jax.storage import store_faults
 from prolip_jax.storage.workdir import Workdir
 from prolip_jax.training import accumulation
 from prolip_jax.training import loop_evals
@@ -387,7 +388,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
       raise failure
     try:
       return _train_and_evaluate(config, objective, workdir, stopper,
-                                 max_steps, allow_fresh_start)
+                                 max_steps, allow_fresh_start, lock)
+    except errors.StoreError:
+      lock.release(patience_s=STORE_FAILED_RELEASE_S)  # the store may be gone
+      raise
     finally:
       lock.release()
   finally:
@@ -572,13 +576,14 @@ def _checkpoint_meta(config, model, tokenizer, objective: Objective,
   return meta
 
 
-def _save(mngr, meta: dict, state, step: int, force: bool = False):
-  """Saves ``state`` as the checkpoint of ``step`` (none when it exists)."""
+def _save(mngr, meta: dict, state, step: int, force: bool = False) -> bool:
+  """Starts saving ``state`` as the checkpoint of ``step`` (none when it
+  exists); returns whether a save started."""
   if step in mngr.all_steps():
-    return
-  checkpoint.save(mngr, step, state.params, state.opt_state,
-                  dict(meta, step=int(step)), force=force,
-                  teacher=state.ema)
+    return False
+  return checkpoint.save(mngr, step, state.params, state.opt_state,
+                         dict(meta, step=int(step)), force=force,
+                         teacher=state.ema)
 
 
 def _injected_fault(config, step: int):
@@ -625,12 +630,17 @@ def _missing_evaluations(workdir: Workdir, evaluations, step: int,
   return [name for name, m in zip(due, missing) if m]
 
 
-def _final_evaluations(workdir: Workdir, evaluations, state, step: int
-                       ) -> tuple[dict, Optional[dict]]:
+def _final_evaluations(workdir: Workdir, evaluations, state, step: int,
+                       stopped: bool) -> tuple[dict, Optional[dict]]:
   """The final evaluations a previous run did not write (a re-run of a
   finished command writes none again; the held-out figures are computed
   for the summary all the same). Returns the other evaluators' results
-  and the held-out evaluation's (``LoopEvaluations.heldout_info``)."""
+  and the held-out evaluation's (``LoopEvaluations.heldout_info``); none
+  after a stop (``stopped``: they are left to the resumed run; a signal
+  from here on changes nothing, and a stop cut short in them leaves them
+  missing for the next run)."""
+  if stopped:
+    return {}, None
   missing = _missing_evaluations(workdir, evaluations, step, final=True)
   heldout = evaluations.heldout_names()
   names = [n for n in evaluations.due(step, True)
@@ -678,16 +688,20 @@ def _announce(config, mesh, workdir: Workdir, start: int, end: int,
   mixed = config_keys.get(config, 'data.sources')
   data = mixture.describe(mixed) if mixed else config.data.name
   print(f'prolip_jax: {config.objective} on {data}, '
-        f'{jax.device_count()} device(s) mesh {dict(mesh.shape)}, '
+        f'{mesh.devices.size} device(s) mesh {dict(mesh.shape)}, '
         f'batch {config.batch_size}, steps {start} -> {end} of '
         f'{config.total_steps}, workdir {workdir}', flush=True)
   for name, reason in unavailable.items():
     print(f'Evaluator {name} will not run: {reason}', flush=True)
 
 
+# After the store failed, how long the lock's release may try it.
+STORE_FAILED_RELEASE_S = 5.0
+
+
 def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
                         stopper: progress.StopFlag, max_steps: Optional[int],
-                        allow_fresh_start: bool):
+                        allow_fresh_start: bool, lock: WorkdirLock):
   config, run, mngr, start, state = _restore(config, objective, workdir,
                                              stopper, allow_fresh_start)
   is_chief = jax.process_index() == 0
@@ -706,26 +720,28 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
                                     config.data.num_workers,
                                     config.data.num_threads)
 
-  save = lambda step, force=False: _save(mngr, meta, state, step, force)
+  # A failed save stops the run at the next step (storage/store_faults.py).
+  watch = store_faults.SaveWatch(mngr, mngr.latest_step())
+  stopper.kept = watch.kept
+  save = lambda step, force=False: watch.save(
+      step, lambda: _save(mngr, meta, state, step, force))
 
   evaluations = loop_evals.LoopEvaluations(
       objective, model, config, tokenizer, mesh, writer, workdir, is_chief,
       status=lambda line: progress.status(line, is_chief))
-  _announce(config, mesh, workdir, start, end,
-            evaluations.check_available())
+  _announce(config, mesh, workdir, start, end, evaluations.check_available())
   step = start
   last_metrics: dict[str, float] = {}
-  t_log, step_log = time.time(), step
-  t_start = time.time()
+  t_start = t_log = time.time()
+  step_log = step
   monitor = progress.NonFiniteMonitor(
       config_keys.get(config, 'max_nonfinite_steps'), mngr.latest_step)
-  # Data wait / device split, MFU, profile_steps
-  # (prolip_jax/training/loop_report.py).
+  # Data wait / device split, MFU, profile_steps (training/loop_report.py).
   report = loop_report.LoopReport(
       config, objective, list(mesh.devices.flat), model.config.to_dict(), start, end,
       is_chief, monitor.flush, workdir.tensorboard)
   stopped = lambda: stopper.stop
-  failed = True  # until the loop ends without an exception
+  failed = True  # until the loop ends without an exception ('store': its)
   try:
     if 0 < start < end:  # evaluations a kill or a stop cut short at start
       names = _missing_evaluations(workdir, evaluations, start, final=False)
@@ -761,30 +777,39 @@ def _train_and_evaluate(config, objective: Objective, workdir: Workdir,
       if step != end:
         report.excluded(evaluations.run, state, step, False, None, stopped)
       _injected_fault(config, step)
+      watch.check()  # a save that failed since the last step
+      lock.check()  # the workdir lock's heartbeat
       stopper.at_step(step)  # every host stops after the same step
     monitor.flush()
     failed = False
+  except errors.StoreError:
+    failed = 'store'  # no host waits for a save on a failing store
+    raise
   finally:
     report.close()  # a profile still running
     # A host that failed alone must not wait for a checkpoint: saving is
     # a collective of every host, and the others are elsewhere.
-    if not failed or jax.process_count() == 1:
-      mngr.wait_until_finished()
-  if step > start:
-    save(step, force=True)
-  mngr.wait_until_finished()
-  mngr.close()
-  if step == start < end:  # stopped before its first step: nothing new
-    stopper.check('compiling', resumed=lambda: start > 0)
-  evals_results, heldout = {}, None
-  if not stopper.stop:  # stopped before the end: no final evaluation
-    # A signal now changes nothing: a stop cut short here leaves the final
-    # evaluations missing for the next run.
-    evals_results, heldout = _final_evaluations(workdir, evaluations, state,
-                                                step)
+    if not failed or (jax.process_count() == 1 and failed is True):
+      watch.finish()
+  _last_save(save, watch, mngr, stopper, (start, step, end))
+  evals_results, heldout = _final_evaluations(workdir, evaluations, state,
+                                              step, stopper.stop)
   writer.close()
   return _summary(config, workdir, step, stopper, last_metrics, heldout,
                   evals_results)
+
+
+def _last_save(save, watch, mngr, stopper, steps: tuple[int, int, int]):
+  """The checkpoint of the step the loop ended after (its end or a stop),
+  waited for; ``steps``: (start, that step, end). A stop before the first
+  step has nothing new to save and ends here (``StopFlag.check``)."""
+  start, step, end = steps
+  if step > start:
+    save(step, force=True)
+  watch.finish()
+  mngr.close()
+  if step == start < end:
+    stopper.check('compiling', resumed=lambda: start > 0)
 
 
 def _summary(config, workdir: Workdir, step: int, stopper, last_metrics,

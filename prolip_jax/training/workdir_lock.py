@@ -24,6 +24,7 @@ from typing import Optional
 
 from prolip_jax import errors
 from prolip_jax.storage import paths
+from prolip_jax.storage import store_faults
 from prolip_jax.storage.workdir import Workdir
 
 HEARTBEAT_SECONDS = 60.0
@@ -73,6 +74,7 @@ class WorkdirLock:
     self._me: dict = {}
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
+    self._failure: Optional[BaseException] = None  # the last beat's
 
   def _record(self) -> bytes:
     return json.dumps(dict(self._me, heartbeat=time.time())).encode()
@@ -84,6 +86,11 @@ class WorkdirLock:
     for _ in range(2):
       if paths.create_exclusive(self.path, self._record()):
         self.held = True
+        try:  # the first object of the run: is the store one Orbax can use
+          store_faults.check_generation_header(self.path)
+        except errors.StoreError:
+          self.release()
+          raise
         self._start_heartbeat()
         return self
       holder = _read(self.path)
@@ -110,28 +117,56 @@ class WorkdirLock:
       while not self._stop.wait(HEARTBEAT_SECONDS):
         try:
           paths.write_bytes(self.path, self._record())
-        except OSError:  # a missed beat is retried; the run goes on
-          pass
+          self._failure = None
+        except Exception as e:  # pylint: disable=broad-except
+          self._failure = e  # after gcsfs's retries: ``check`` says so
 
     self._stop.clear()
     self._thread = threading.Thread(target=beat, name='prolip_jax-lock',
                                     daemon=True)
     self._thread.start()
 
-  def release(self):
+  def check(self):
+    """Raises ``errors.StoreError`` when the last heartbeat could not be
+    written after the store client's retries (the store refuses or is
+    gone: left to run on, the lock would go stale and another run could
+    take the workdir over). A no-op on a lock this process does not
+    hold."""
+    failure = self._failure
+    if failure is None or not self.held:
+      return
+    with store_faults.operation(f'renewing the workdir lock {self.path}',
+                                'the checkpoints are not affected'):
+      raise failure
+
+  def release(self, patience_s: Optional[float] = None):
+    """Deletes the lock if it is still this process's. Never raises: a
+    lock left behind is taken over by the next run (docs/reliability.md).
+    ``patience_s``: give up after that long (the store is failing; its
+    client would retry for half a minute)."""
     if not self.held:
       return
+    self.held = False
     self._stop.set()
     if self._thread is not None:
       self._thread.join(timeout=10)
-    holder = _read(self.path)
-    if holder and holder.get('pid') == os.getpid() and holder.get(
-        'host') == self._me.get('host'):
+
+    def delete_if_mine():
       try:
-        self.path.unlink()
-      except FileNotFoundError:
-        pass
-    self.held = False
+        holder = _read(self.path)
+        if holder and holder.get('pid') == os.getpid() and holder.get(
+            'host') == self._me.get('host'):
+          self.path.unlink()
+      except Exception:  # pylint: disable=broad-except
+        pass  # gone already, or the store refuses: the lock goes stale
+
+    if patience_s is None:
+      delete_if_mine()
+      return
+    worker = threading.Thread(target=delete_if_mine, daemon=True,
+                              name='prolip_jax-lock-release')
+    worker.start()
+    worker.join(patience_s)
 
   def __enter__(self):
     return self.acquire()
