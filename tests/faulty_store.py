@@ -228,11 +228,7 @@ class Proxy:
             for k, v in server_env.items()}
 
   def stop(self):
-    self.proc.terminate()
-    try:
-      self.proc.wait(10)
-    except subprocess.TimeoutExpired:
-      self.proc.kill()
+    object_stores.stop(self.proc)
 
 
 def start(upstream: str, seed: int = 0, rate: float = 0.0,

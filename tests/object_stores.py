@@ -67,11 +67,16 @@ class Server:
     return f'{self.scheme}://{self.bucket}/{uuid.uuid4().hex[:10]}/{name}'
 
   def stop(self):
-    self.proc.terminate()
-    try:
-      self.proc.wait(10)
-    except subprocess.TimeoutExpired:
-      self.proc.kill()
+    stop(self.proc)
+
+
+def stop(proc: subprocess.Popen):
+  """Ends a server process: SIGTERM, then SIGKILL after 10 s."""
+  proc.terminate()
+  try:
+    proc.wait(10)
+  except subprocess.TimeoutExpired:
+    proc.kill()
 
 
 def start_gcs() -> Server:

@@ -1,10 +1,11 @@
 """What several test modules share and no test module should import from
-another: the environment of a training process on N host CPU devices, and
-a small array_record shard of solid red images (a second data source that
-no digit resembles)."""
+another: the environment of a training process on N host CPU devices, the
+outputs of processes run together, and a small array_record shard of solid
+red images (a second data source that no digit resembles)."""
 
 import io
 import os
+import subprocess
 
 from prolip_jax.data import record_format
 
@@ -37,3 +38,21 @@ def red_shard(directory, n: int = 40) -> str:
         buf.getvalue(), f'a red square number {i}', f'red{i}'))
   writer.close()
   return os.path.join(directory, '*.array_record')
+
+
+def outputs_of(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+  """The output of each process (started with ``stdout=PIPE``, text),
+  once every one has exited 0; all are killed if one outlives
+  ``timeout``."""
+  outputs = []
+  for p in procs:
+    try:
+      out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+    outputs.append(out)
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  return outputs

@@ -91,17 +91,7 @@ def test_two_processes_match_one_process(tmp_path):
           env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
           stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
-  outputs = []
-  for p in procs:
-    try:
-      out, _ = p.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-    outputs.append(out)
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
+  outputs = support.outputs_of(procs, 600)
   assert '4 device(s)' in outputs[0]
 
   one, two = _losses(single), _losses(multi)

@@ -153,18 +153,7 @@ def _two_processes(config_file, workdir, steps, timeout=600):
        f'--process_id={i}'],
       env=support.cpu_env(2), cwd=REPO, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  outputs = []
-  for p in procs:
-    try:
-      out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-    outputs.append(out)
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
-  return outputs
+  return support.outputs_of(procs, timeout)
 
 
 @pytest.mark.serial
