@@ -240,6 +240,7 @@ class StopFlag:
     self.kept: Callable[[], str] = lambda: (
         'the last committed checkpoint is intact')
     self._deadline: Optional[threading.Timer] = None
+    self._deadline_s = stop_deadline_s()  # a bad value: one line at start
     self.synced = jax.process_count() > 1 and _preemption_sync_available()
     if self.synced:
       self._install(signal.SIGINT, self._ctrl_c_to_notice)
@@ -290,7 +291,7 @@ class StopFlag:
     a stop never hangs."""
     if self._deadline is not None:
       return
-    limit = stop_deadline_s()
+    limit = self._deadline_s
 
     def overdue():
       os.write(2, (f'error: the stop did not end within {limit:g} s '
