@@ -53,6 +53,8 @@ import traceback
 import warnings
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+from prolip_jax import store_answers
+
 EXIT_BUG = 1
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 75
@@ -90,7 +92,7 @@ class CheckpointError(UserError, OSError):
 
 class StoreError(UserError, OSError):
   """The store failed an operation of the run after the clients' own
-  retries (``store_fault`` says how): one line naming the operation, the
+  retries (``store_answers.store_fault`` says how): one line naming the operation, the
   object and the answer; exit status ``EXIT_STORE``."""
 
 
@@ -180,113 +182,6 @@ def _storage_os_error(exc: BaseException) -> Optional[OSError]:
   return OSError(code, os.strerror(code), path)
 
 
-# TensorStore's status texts for a failed request to a store: 'CODE: ...
-# [http_response_code='403']'.
-_TS_STATUS = re.compile(r'^([A-Z_]{6,}): ')
-_HTTP_CODE = re.compile(r"http_response_code='?(\d{3})")
-_HTTP_REASONS = {400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden',
-                 404: 'Not Found', 408: 'Request Timeout',
-                 412: 'Precondition Failed', 429: 'Too Many Requests',
-                 500: 'Internal Server Error', 502: 'Bad Gateway',
-                 503: 'Service Unavailable', 504: 'Gateway Timeout'}
-_STORE_HINTS = {
-    401: 'check the credentials (gcloud auth application-default login, '
-         'or GOOGLE_APPLICATION_CREDENTIALS)',
-    403: 'check that the credentials may write the bucket (an expired or '
-         'read-only credential, a bucket policy)',
-    404: 'check that the bucket exists',
-    429: 'the store kept throttling after every retry',
-}
-
-
-def _http_status(code: int, detail: str = '') -> str:
-  text = f'HTTP {code} {_HTTP_REASONS.get(code, "")}'.rstrip()
-  detail = ' '.join(detail.split())[:160]
-  return f'{text} ({detail})' if detail else text
-
-
-def _one_store_fault(e: BaseException) -> Optional[tuple[str, str]]:
-  """``(the store's answer, what to do)`` when ``e`` itself is a failed
-  request to an object store, else None."""
-  module = type(e).__module__ or ''
-  name = type(e).__name__
-  text = ' '.join(str(e).split())
-  code = getattr(e, 'code', None)
-  if name == 'HttpError' and module.startswith('gcsfs') and isinstance(
-      code, int):  # gcsfs after its retries
-    words = str(getattr(e, 'message', '') or '')
-    words = words[:-len(f', {code}')] if words.endswith(f', {code}') else words
-    return _http_status(code, words), _STORE_HINTS.get(code, '')
-  if isinstance(e, OSError) and text.startswith('Forbidden: '):  # gcsfs 403
-    return _http_status(403, str(e).split('\n', 1)[-1]), _STORE_HINTS[403]
-  if isinstance(e, FileNotFoundError) and '/storage/v1/b/' in text:
-    return _http_status(404, 'no such bucket or object'), _STORE_HINTS[404]
-  if module.startswith('aiohttp') or name in ('EndpointConnectionError',
-                                              'ConnectTimeoutError'):
-    return (f'the store could not be reached ({name}: {text[:120]})',
-            'check the network and the store, then run again')
-  if name == 'ClientError' and module.startswith('botocore'):
-    err = getattr(e, 'response', {}).get('Error', {})
-    meta = getattr(e, 'response', {}).get('ResponseMetadata', {})
-    status = meta.get('HTTPStatusCode')
-    detail = f"{err.get('Code', '')}: {err.get('Message', '')}"
-    return ((_http_status(status, detail) if isinstance(status, int)
-             else detail), _STORE_HINTS.get(status, ''))
-  if 'Malformed StorageGeneration' in text:
-    return ('the server answered without the x-goog-generation header '
-            '(TensorStore: Malformed StorageGeneration)',
-            'real GCS sends it; the bare gcp-storage-emulator does not: '
-            'use tests/gcs_server.py (docs/training.md#trying-the-pod-path-'
-            'on-one-machine)')
-  if isinstance(e, TimeoutError) and 'async_write_complete' in text:
-    return ('the hosts timed out waiting for each other\'s checkpoint '
-            'writes', 'another host failed first: see its error line')
-  if 'CURL error' in text:  # TensorStore after its retries
-    curl = text[text.index('CURL error'):].split(' [')[0][:120]
-    return (f'the store could not be reached ({curl})',
-            'check the network and the store, then run again')
-  status = _TS_STATUS.match(text)
-  http = _HTTP_CODE.search(text)
-  if status and (http or 'gs://' in text or 's3://' in text
-                 or 'CURL error' in text):
-    detail = re.split(r' \[http_response_', text[len(status.group(0)):])[0]
-    if http:
-      code = int(http.group(1))
-      return (_http_status(code, detail.rsplit(': ', 1)[-1]),
-              _STORE_HINTS.get(code, ''))
-    return (f'{status.group(1)} ({detail[:160]})',
-            'check the network and the store, then run again')
-  return None
-
-
-def store_fault(exc: BaseException) -> Optional[tuple[str, str]]:
-  """``(answer, hint)`` for the first failed object-store request in
-  ``exc``'s chain (cause, context, exception-group members): gcsfs's and
-  s3fs's errors after their retries, TensorStore's status texts (through
-  Orbax), an unreachable store. ``answer`` names the HTTP status and the
-  store's words; ``hint`` what to do (may be empty). None otherwise."""
-  for e in _chain(exc):
-    found = _one_store_fault(e)
-    if found is not None:
-      return found
-  return None
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-  """``exc``, then its exception-group members, cause and context, each
-  once, breadth first."""
-  seen: set[int] = set()
-  todo = [exc]
-  while todo:
-    e = todo.pop(0)
-    if e is None or id(e) in seen:
-      continue
-    seen.add(id(e))
-    yield e
-    todo.extend(getattr(e, 'exceptions', ()) or ())
-    todo.extend([e.__cause__, e.__context__])
-
-
 def store_error(operation: str, exc: BaseException,
                 kept: str = '') -> Optional[StoreError]:
   """A ``StoreError`` saying ``operation`` (e.g. 'saving checkpoint step
@@ -294,7 +189,7 @@ def store_error(operation: str, exc: BaseException,
   intact) and what to do; None when ``exc`` is no store fault."""
   if isinstance(exc, StoreError):
     return exc
-  found = store_fault(exc)
+  found = store_answers.store_fault(exc)
   if found is None:
     return None
   answer, hint = found
@@ -311,10 +206,10 @@ def user_error_of(exc: BaseException) -> Optional[BaseException]:
   user's environment (missing path, read-only, disk full, permission). None
   when ``exc`` is a bug. A failed request to an object store (anywhere
   behind ``exc``) is a ``StoreError``."""
-  for e in _chain(exc):
+  for e in store_answers.chain(exc):
     if isinstance(e, UserError):
       return e
-    if store_fault(e) is not None:  # a failed request to a bucket
+    if store_answers.store_fault(e) is not None:  # a request to a bucket
       return store_error('a request to the store', e)
     if isinstance(e, _USER_OS_CLASSES) or (
         isinstance(e, OSError) and e.errno in _USER_ERRNOS):
@@ -391,12 +286,10 @@ def end_distributed_process(text: str, status: int):
   ends the other processes.
   """
   index, count = distributed_process() or (0, 1)
-  with _ENDING:
-    if _ENDING.ended:  # another host's failure is ending this process now
-      threading.Event().wait()
-    _ENDING.ended = True
-    print(f'error: process {index} of {count} ({socket.gethostname()}): '
-          f'{text}', file=sys.stderr, flush=True)
+  if not _LAST_LINE.acquire(blocking=False):
+    threading.Event().wait()  # another host's failure is ending us now
+  print(f'error: process {index} of {count} ({socket.gethostname()}): '
+        f'{text}', file=sys.stderr, flush=True)
   _announce_failure(index, text, status)
   _stop_watching()
   import jax  # pylint: disable=g-import-not-at-top
@@ -420,22 +313,9 @@ _FAILED_KEY = 'prolip_jax/failed_host'
 _WATCH_PERIOD_S = 0.5
 
 
-class _Ending:
-  """Whether this process already printed its own last line."""
-
-  def __init__(self):
-    self.ended = False
-    self._lock = threading.Lock()
-
-  def __enter__(self):
-    self._lock.acquire()
-
-  def __exit__(self, *exc):
-    self._lock.release()
-
-
-_ENDING = _Ending()
-
+# Taken, never released, by whichever prints this process's last line: its
+# own failure (``end_distributed_process``) or another host's (the watcher).
+_LAST_LINE = threading.Lock()
 
 _WATCH_DONE = threading.Event()
 _WATCH_ASKING = threading.Lock()  # held while the watcher asks the service
@@ -486,13 +366,11 @@ def watch_other_hosts():
           continue  # not set (NOT_FOUND), or the service is going away
       if failed.get('process') == index:
         return
-      with _ENDING:
-        if _ENDING.ended:
-          return
-        _ENDING.ended = True
-        print(f'error: process {index} of {count} ({socket.gethostname()})'
-              f': stopping: process {failed.get("process")} failed: '
-              f'{failed.get("text")}', file=sys.stderr, flush=True)
+      if not _LAST_LINE.acquire(blocking=False):
+        return  # this process's own failure is ending it
+      print(f'error: process {index} of {count} ({socket.gethostname()})'
+            f': stopping: process {failed.get("process")} failed: '
+            f'{failed.get("text")}', file=sys.stderr, flush=True)
       os._exit(int(failed.get('status', EXIT_BUG)))  # pylint: disable=protected-access
 
   threading.Thread(target=watch, name='prolip_jax-other-hosts',
