@@ -33,8 +33,9 @@ to see what it costs in place (its cost depends on what XLA fuses around
 it): ``model`` (as the model runs it), ``none`` (attention replaced by
 ``q * k + v``: what the rest of the block costs), ``bf16_logits`` (the q k^T
 product rounded to bf16 before the float32 softmax, as in MaxText's default
-and in PyTorch's non-fused attention under autocast; not what the model
-does, docs/scaling.md has the error it adds).
+and in PyTorch's non-fused attention under autocast: the model's
+``model.attention_logits_dtype='bfloat16'`` option, off in the shipped
+configs; docs/scaling.md has the error it adds).
 """
 
 from __future__ import annotations
@@ -48,25 +49,14 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bf16_logits_attention(q, k, v, kv_lengths=None, causal=False,
-                           implementation='xla'):
-  """The model's attention with the q k^T product rounded to bf16 before
-  the float32 softmax (``--attention bf16_logits``)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  del implementation  # XLA: the what-if is about XLA's fusion
-  # The scale on q (1/8 for B/16's heads of 64: exact in bf16), so that the
-  # product XLA writes out is the bf16 logits themselves.
-  q = q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-  logits = jnp.einsum('btnh,bsnh->bnts', q, k).astype(jnp.float32)
-  t, s = logits.shape[-2:]
-  keep = jnp.ones((t, s), bool)
-  if kv_lengths is not None:
-    keep = (jnp.arange(s)[None, :] < kv_lengths[:, None])[:, None, None, :]
-  if causal:
-    keep = keep & (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])
-  logits = jnp.where(keep, logits, jnp.float32(-1e30))
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  return jnp.einsum('bnts,bsnh->btnh', probs, v)
+                           implementation='xla', logits_dtype='float32'):
+  """The model's attention on XLA with ``model.attention_logits_dtype=
+  'bfloat16'`` (``--attention bf16_logits``): the q k^T product rounded to
+  bf16 before the float32 softmax."""
+  from prolip_jax.models import attention  # pylint: disable=g-import-not-at-top
+  del implementation, logits_dtype  # XLA: the what-if is about XLA's fusion
+  return attention.dot_product_attention(q, k, v, kv_lengths, causal, 'xla',
+                                         'bfloat16')
 
 
 def _swap_attention(which: str):

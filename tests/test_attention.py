@@ -169,6 +169,74 @@ def test_attention_masks_keys_beyond_lengths(causal):
                                                        causal), atol=1e-5)
 
 
+@pytest.mark.parametrize('causal', [False, True])
+def test_bfloat16_logits_are_the_rounded_logits_through_a_float32_softmax(
+    causal):
+  """model.attention_logits_dtype='bfloat16' against numpy: (q/sqrt(d)) k^T
+  in float64, rounded to bfloat16, softmax in float64, the
+  probabilities rounded to the inputs' dtype (bfloat16 here). Its error
+  against exact attention is larger than float32 logits' but of the same
+  order (the price docs/scaling.md measures in training)."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  bf16 = ml_dtypes.bfloat16
+  rng = np.random.default_rng(1)
+  # Logits of std ~4, where bfloat16's 8 bits show.
+  q, k, v = (rng.normal(size=(2, 12, 3, 16)).astype(bf16) for _ in range(3))
+  lengths = np.array([12, 5], np.int32)
+  got = np.asarray(attention.dot_product_attention(
+      *map(jnp.asarray, (q, k, v, lengths)), causal, 'xla', 'bfloat16'),
+      np.float64)
+  qf, kf, vf = (x.astype(np.float64) for x in (q, k, v))
+  # 1/sqrt(16) is a power of two: scaling q in bfloat16 is exact.
+  logits = np.einsum('bqhd,bkhd->bhqk', qf / 4, kf).astype(bf16)
+  logits = logits.astype(np.float64)
+  keep = np.arange(12)[None, None, None, :] < lengths[:, None, None, None]
+  if causal:
+    keep = keep & np.tril(np.ones((12, 12), bool))
+  logits = np.where(keep, logits, -np.inf)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w = (w / w.sum(-1, keepdims=True)).astype(bf16).astype(np.float64)
+  want = np.einsum('bhqk,bkhd->bqhd', w, vf)
+  # The output is bfloat16 (a rounding of 2^-8 relative).
+  np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2 ** -7)
+  exact = _reference_attention(qf, kf, vf, lengths, causal)
+  f32 = np.asarray(attention.dot_product_attention(
+      *map(jnp.asarray, (q, k, v, lengths)), causal, 'xla', 'float32'),
+      np.float64)
+  err_bf16 = np.abs(got - exact).mean()
+  err_f32 = np.abs(f32 - exact).mean()
+  assert err_f32 < err_bf16 < 4 * err_f32, (err_f32, err_bf16)
+  with pytest.raises(ValueError, match='attention_logits_dtype'):
+    attention.dot_product_attention(*map(jnp.asarray, (q, k, v)),
+                                    logits_dtype='float16')
+
+
+def test_the_logits_dtype_reaches_every_attention_call_of_the_model():
+  """The option flows from the config to each block: a tiny model's
+  outputs change with it (and only slightly), and cuDNN's path is not
+  asked for on the CPU."""
+  cfg = presets.model_preset('tiny')
+  cfg.compute_dtype = 'bfloat16'
+  outs = {}
+  for dtype in attention.LOGITS_DTYPES:
+    cfg.attention_logits_dtype = dtype
+    model_cfg = ModelConfig.from_config(cfg)
+    model = ProLIP(model_cfg)
+    images = jnp.asarray(np.random.default_rng(0).uniform(
+        -1, 1, (2, model_cfg.vision.image_size, model_cfg.vision.image_size,
+                3)), jnp.float32)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(
+        4, 100, (2, model_cfg.text.context_length)), jnp.int32)
+    params = model.init(jax.random.key(0), images, tokens)
+    outs[dtype] = np.asarray(model.apply(
+        params, images, method=model.encode_image)[0], np.float32)
+  diff = np.abs(outs['float32'] - outs['bfloat16']).max()
+  assert 0 < diff < 0.05, diff
+  cfg.attention_logits_dtype = 'float16'
+  with pytest.raises(ValueError, match='attention_logits_dtype'):
+    ModelConfig.from_config(cfg)
+
+
 def _gpu_python():
   """The interpreter of the CUDA build of jax, or (None, why)."""
   exe = os.environ.get('PROLIP_GPU_PYTHON', '')

@@ -116,3 +116,93 @@ def test_a_trace_without_device_kernels_says_so(tmp_path):
   summary = kernel_profile.summarize(str(tmp_path), steps=1)
   assert summary['categories'] == [] and '/host:CPU' in summary['note']
   assert kernel_profile.format_summary(summary) == summary['note']
+
+
+# ----------------------------------------------------------------------------
+# hlo_attribution.py: kernels joined to the compiled HLO
+
+
+import hlo_attribution  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@dataclasses.dataclass
+class StatEvent:
+  name: str
+  duration_ns: int
+  stats: list
+
+
+def test_kernels_are_named_by_the_hlo_they_ran_for(tmp_path):
+  """A real CPU trace of a GELU and a LayerNorm joined to the compiled
+  program's HLO text: every traced thunk is found in the HLO, the erf's
+  fusion is called the GELU and the rsqrt's the LayerNorm, and the table's
+  time is the trace's own sum."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
+
+  def f(x, w):
+    h = jax.nn.gelu(x @ w, approximate=False)
+    return jax.nn.standardize(h, axis=-1).sum()
+
+  args = (jnp.ones((128, 64)), jnp.full((64, 256), 0.01))
+  compiled = jax.jit(f).lower(*args).compile()
+  compiled(*args).block_until_ready()
+  with jax.profiler.trace(str(tmp_path)):
+    for _ in range(2):
+      compiled(*args).block_until_ready()
+  paths = [os.path.join(d, n) for d, _, names in os.walk(tmp_path)
+           for n in names if n.endswith('.xplane.pb')]
+  times = hlo_attribution.op_times(ProfileData.from_file(paths[0]).planes)
+  instructions = hlo_attribution.parse_hlo(compiled.as_text())
+  result = hlo_attribution.attribute(times, instructions, steps=2)
+  assert times and result['known_share'] == pytest.approx(100)
+  assert all(calls == 2 for calls, _ in times.values())
+  total_ms = sum(ns for _, ns in times.values()) / 1e6 / 2
+  assert result['ms_per_step'] == pytest.approx(total_ms)
+  assert sum(r['ms_per_step'] for r in result['by_what']) == pytest.approx(
+      total_ms)
+  labels = {r['what'] for r in result['top_ops']}
+  assert 'matmul (XLA dot)' in labels
+  assert 'exact GELU (erf, erfc) and its derivative' in labels
+  assert any('standardize' in r['where'] or r['what'].startswith('LayerNorm')
+             for r in result['top_ops'])
+  text = hlo_attribution.format_attribution(result)
+  assert '| exact GELU (erf, erfc) and its derivative |' in text
+
+
+def test_gpu_stream_kernels_are_counted_once_by_their_hlo_op():
+  """A GPU plane: the stream lines' kernels count, the derived 'XLA Ops'
+  line does not; kernels without an hlo_op (a memset) are left out."""
+  streams = [Line('Stream #13(Compute)', [
+      StatEvent('loop_multiply_fusion_3', 4_000_000,
+                [('hlo_op', 'multiply_fusion.3'), ('hlo_module', 'm')]),
+      StatEvent('memset32', 1_000, [])]),
+             Line('Stream #14(Compute)', [
+                 StatEvent('loop_multiply_fusion_3', 2_000_000,
+                           [('hlo_op', 'multiply_fusion.3')])]),
+             Line('XLA Ops', [StatEvent('multiply_fusion.3', 6_000_000,
+                                        [('hlo_op', 'multiply_fusion.3')])])]
+  host = Plane('/host:CPU', [Line('python', [StatEvent(
+      'x', 10**9, [('hlo_op', 'host_op')])])])
+  assert hlo_attribution.op_times(
+      [host, Plane('/device:GPU:0', streams)]) == {
+          'multiply_fusion.3': (2, 6_000_000)}
+  hlo = '\n'.join([
+      'HloModule m', '',
+      '%fused_computation.3 (p: f32[8]) -> f32[8] {',
+      '  %p = f32[8]{0} parameter(0)',
+      '  ROOT %e = f32[8]{0} erf(f32[8]{0} %p), metadata={op_name='
+      '"jit(step)/visual/resblocks_11/mlp/erf"}', '}', '',
+      'ENTRY %main (a: f32[8]) -> f32[8] {',
+      '  %a = f32[8]{0} parameter(0)',
+      '  ROOT %multiply_fusion.3 = f32[8]{0} fusion(f32[8]{0} %a), '
+      'kind=kLoop, calls=%fused_computation.3, metadata={op_name='
+      '"jit(step)/visual/resblocks_11/mlp/erf"}', '}'])
+  result = hlo_attribution.attribute(
+      {'multiply_fusion.3': (2, 6_000_000)}, hlo_attribution.parse_hlo(hlo),
+      steps=2)
+  assert result['by_where'] == [{
+      'what': 'exact GELU (erf, erfc) and its derivative',
+      'where': 'jit(step)/visual/resblocks_*/mlp/erf', 'ms_per_step': 3.0,
+      'share': 100.0}]

@@ -149,6 +149,10 @@ KEYS: dict[str, Key] = {
     'model.attention_impl': Key('auto', 'auto | xla | cudnn: attention '
                                 'kernel; auto is cuDNN on NVIDIA GPUs where '
                                 'shapes allow'),
+    'model.attention_logits_dtype': Key(
+        'float32', 'float32 | bfloat16: the dtype XLA attention rounds q.k '
+        'to before its float32 softmax (bfloat16: less memory traffic, '
+        'slightly different numbers; docs/scaling.md); cuDNN ignores it'),
     # -- losses (the papers' values: config/paper.py)
     'loss.alpha1': Key(paper.ALPHA1, 'inclusion loss weight, image in text '
                        '(eq. 6)'),

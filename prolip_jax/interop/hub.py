@@ -427,7 +427,7 @@ def load_params(path: str, model: dict[str, Any]) -> Any:
 # model.* keys that say how to compute, not what: a run keeps its own when it
 # starts from a snapshot (the converter stacks layers for a scanned model).
 RUN_MODEL_KEYS = ('compute_dtype', 'remat', 'remat_policy', 'scan',
-                  'attention_impl')
+                  'attention_impl', 'attention_logits_dtype')
 
 
 def init_models(snapshot_model: dict[str, Any], config

@@ -37,6 +37,7 @@ The rules, as written in jax 0.10.2 (``check_layout`` and
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Optional
 
 import jax
@@ -46,6 +47,10 @@ import numpy as np
 Array = jax.Array
 
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
+# model.attention_logits_dtype: the dtype q k^T is rounded to on XLA's path
+# before the softmax, which always runs in float32 ('float32' is jax's own
+# XLA attention and the release's).
+LOGITS_DTYPES = ('float32', 'bfloat16')
 CUDNN_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 CUDNN_MAX_HEAD_DIM = 128
 
@@ -107,21 +112,66 @@ def cudnn_refusal(q_len: int, kv_len: int, head_dim: int,
 def dot_product_attention(q: Array, k: Array, v: Array,
                           kv_lengths: Optional[Array] = None,
                           causal: bool = False,
-                          implementation: str = 'xla') -> Array:
+                          implementation: str = 'xla',
+                          logits_dtype: str = 'float32') -> Array:
   """softmax(q k^T / sqrt(head_dim)) v of ``(b, t, heads, head_dim)`` inputs.
 
   ``kv_lengths``: optional ``(b,)`` int32; keys at positions >= the length are
   masked out (right padding); queries are not masked. ``causal``: query i sees
   keys <= i. ``implementation``: ``attention_impl_for``'s answer; 'cudnn'
   runs on cuDNN where ``cudnn_refusal`` accepts the shapes, else on XLA
-  (same function, same masking).
+  (same function, same masking). ``logits_dtype`` (``LOGITS_DTYPES``): on
+  XLA's path, 'bfloat16' rounds the scaled logits ``(b, heads, t, t)`` to
+  bfloat16 before the float32 softmax (``low_precision_logits_attention``);
+  cuDNN keeps its own float32 accumulation either way.
   """
+  if logits_dtype not in LOGITS_DTYPES:
+    raise ValueError(f'model.attention_logits_dtype must be one of '
+                     f'{LOGITS_DTYPES}, got {logits_dtype!r}')
   impl = 'xla'
   if implementation == 'cudnn' and cudnn_refusal(
       q.shape[1], k.shape[1], q.shape[-1], q.dtype) is None:
     impl = 'cudnn'
   if kv_lengths is not None:
     kv_lengths = kv_lengths.astype(jnp.int32)
+  if impl == 'xla' and logits_dtype == 'bfloat16':
+    return low_precision_logits_attention(q, k, v, kv_lengths, causal)
   return jax.nn.dot_product_attention(
       q, k, v, key_value_seq_lengths=kv_lengths, is_causal=causal,
       implementation=impl)
+
+
+def low_precision_logits_attention(q: Array, k: Array, v: Array,
+                                   kv_lengths: Optional[Array] = None,
+                                   causal: bool = False) -> Array:
+  """Attention whose logits are stored in bfloat16 (MaxText's default,
+  ``float32_qk_product: false``, ``float32_logits: false``).
+
+  Same inputs and masking as ``dot_product_attention``. ``q`` is scaled by
+  ``1/sqrt(head_dim)`` in its dtype, ``q k^T`` is written as bfloat16 (the
+  dot accumulates in float32 inside the kernel), then masked and put
+  through a float32 softmax; the probabilities are cast to ``v``'s dtype for the
+  second product, as in jax's XLA attention. The logits tensor
+  ``(b, heads, t, t)`` is the one that crosses memory between the two
+  matmuls, so halving it halves attention's memory traffic where XLA does
+  not fuse the softmax into the products (docs/scaling.md prices it).
+  """
+  # The scale goes on q (exact for heads of 64 or 256, a power of 4), so
+  # that the product XLA writes out is the bf16 logits themselves.
+  q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+  logits = jnp.einsum('btnh,bsnh->bnts', q, k,
+                      preferred_element_type=jnp.bfloat16)
+  logits = logits.astype(jnp.float32)
+  t, s = logits.shape[-2:]
+  keep = jnp.ones((t, s), bool)
+  if causal:
+    keep = jnp.tril(keep)
+  keep = keep[None, None]
+  if kv_lengths is not None:
+    keep = keep & (jnp.arange(s)[None, None, None, :]
+                   < kv_lengths[:, None, None, None])
+  # A finite stand-in for -inf, as jax's: a row with no key left stays
+  # finite (uniform) instead of NaN.
+  logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min * 0.7)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  return jnp.einsum('bnts,bsnh->btnh', probs, v)

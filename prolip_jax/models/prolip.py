@@ -13,6 +13,7 @@ import ml_collections
 
 from prolip_jax.config import presets
 from prolip_jax.models.attention import IMPLEMENTATIONS
+from prolip_jax.models.attention import LOGITS_DTYPES
 from prolip_jax.models.towers import ImageTower
 from prolip_jax.models.towers import TextConfig
 from prolip_jax.models.towers import TextTower
@@ -54,6 +55,8 @@ class ModelConfig:
   scan: bool = _B16.scan
   # 'auto' | 'xla' | 'cudnn', resolved per device by attention_impl_for.
   attention_impl: str = _B16.attention_impl
+  # 'float32' | 'bfloat16': XLA attention's logits (attention.LOGITS_DTYPES).
+  attention_logits_dtype: str = _B16.attention_logits_dtype
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> 'ModelConfig':
@@ -86,6 +89,9 @@ class ModelConfig:
     if self.attention_impl not in IMPLEMENTATIONS:
       raise ValueError(f'model.attention_impl must be one of '
                        f'{IMPLEMENTATIONS}, got {self.attention_impl!r}')
+    if self.attention_logits_dtype not in LOGITS_DTYPES:
+      raise ValueError(f'model.attention_logits_dtype must be one of '
+                       f'{LOGITS_DTYPES}, got {self.attention_logits_dtype!r}')
     if self.vision.image_size % self.vision.patch_size:
       raise ValueError('model.vision.image_size must be a multiple of '
                        'model.vision.patch_size')
@@ -131,7 +137,7 @@ class ProLIP(nn.Module):
                        f'{self.attention!r}')
     dtype = _DTYPES[cfg.compute_dtype]
     options = StackOptions(cfg.remat, cfg.remat_policy, cfg.scan,
-                           self.attention)
+                           self.attention, cfg.attention_logits_dtype)
     self.visual = ImageTower(cfg.vision, cfg.embed_dim, cfg.use_unc,
                              cfg.release_compat, dtype, options,
                              cfg.init_unc_bias)

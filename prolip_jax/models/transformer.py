@@ -65,18 +65,22 @@ SCANNED_BLOCKS = 'resblocks'
 
 @dataclasses.dataclass(frozen=True)
 class StackOptions:
-  """How the block stack is compiled; none of it changes the function.
+  """How the block stack is compiled; none of it but ``logits_dtype``
+  changes the function.
 
   ``remat``: rematerialise each block in the backward pass with
   ``jax.checkpoint_policies.<remat_policy>`` (``REMAT_POLICIES``).
   ``scan``: one ``nn.scan`` over the blocks (parameters stacked on a leading
   axis) instead of ``layers`` unrolled copies. ``attention``: 'xla' or
-  'cudnn', from ``attention.attention_impl_for``.
+  'cudnn', from ``attention.attention_impl_for``. ``logits_dtype``: the
+  dtype of XLA attention's logits (``attention.LOGITS_DTYPES``): 'bfloat16'
+  changes the numbers slightly (docs/scaling.md prices it).
   """
   remat: bool = False
   remat_policy: str = 'nothing_saveable'
   scan: bool = False
   attention: str = 'xla'
+  logits_dtype: str = 'float32'
 
 
 class Attention(nn.Module):
@@ -90,6 +94,7 @@ class Attention(nn.Module):
   dtype: Dtype = jnp.float32
   causal: bool = False
   implementation: str = 'xla'
+  logits_dtype: str = 'float32'
 
   @nn.compact
   def __call__(self, x: Array, kv_lengths: Optional[Array] = None) -> Array:
@@ -102,7 +107,7 @@ class Attention(nn.Module):
     k = split(nn.Dense(self.width, dtype=self.dtype, name='k')(x))
     v = split(nn.Dense(self.width, dtype=self.dtype, name='v')(x))
     out = dot_product_attention(q, k, v, kv_lengths, self.causal,
-                                self.implementation)
+                                self.implementation, self.logits_dtype)
     out = out.reshape(b, t, self.width)
     return nn.Dense(self.width, dtype=self.dtype, name='out_proj')(out)
 
@@ -121,13 +126,15 @@ class EncoderBlock(nn.Module):
   causal: bool = False
   attention: str = 'xla'
   scanned: bool = False
+  logits_dtype: str = 'float32'
 
   @nn.compact
   def __call__(self, x: Array, kv_lengths: Optional[Array] = None):
     ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype,
                                    name=name)
     x = x + Attention(self.width, self.heads, self.dtype, self.causal,
-                      self.attention, name='attn')(ln('ln_1')(x), kv_lengths)
+                      self.attention, self.logits_dtype,
+                      name='attn')(ln('ln_1')(x), kv_lengths)
     x = x + Mlp(self.width, self.mlp_dim, self.act, self.dtype,
                 name='mlp')(ln('ln_2')(x))
     return (x, None) if self.scanned else x
@@ -165,7 +172,8 @@ class Encoder(nn.Module):
                            prevent_cse=not opts.scan)
     kwargs = dict(width=self.width, heads=self.heads, mlp_dim=self.mlp_dim,
                   act=self.act, ln_eps=self.ln_eps, dtype=self.dtype,
-                  causal=self.causal, attention=opts.attention)
+                  causal=self.causal, attention=opts.attention,
+                  logits_dtype=opts.logits_dtype)
     if opts.scan:
       stack = nn.scan(block_cls, variable_axes={'params': 0},
                       split_rngs={'params': True}, in_axes=nn.broadcast,
