@@ -6,9 +6,9 @@ Writes ``--images`` realistic JPEGs (``input_pipeline.make_jpegs``: web-photo
 sizes, quality 90) with captions into ``--tars`` webdataset tars, then
 converts them to array_record shards with
 
-* ``converters.convert_webdataset`` (``tools/convert_webdataset.py``), one
+* ``webdataset.convert_webdataset`` (``tools/convert_webdataset.py``), one
   process and ``--workers 2``;
-* ``beam_convert.convert_webdataset`` (``tools/convert_beam.py``) on the
+* ``beam.convert_webdataset`` (``tools/convert_beam.py``) on the
   DirectRunner in one process, and with two worker processes
   (``--direct_num_workers=2 --direct_running_mode=multi_processing``);
 
@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from benchmarks import input_pipeline
-from prolip_jax.data import beam_convert
-from prolip_jax.data import converters
+from prolip_jax.conversion import beam
+from prolip_jax.conversion import webdataset
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -71,7 +71,7 @@ def main(argv=None):
   parser.add_argument('--tars', type=int, default=16)
   parser.add_argument('--repeats', type=int, default=2)
   args = parser.parse_args(argv)
-  beam_convert.require_beam()
+  beam.require_beam()
   print(f'machine: {platform.node()}, {os.cpu_count()} CPU cores, '
         f'{platform.processor() or platform.machine()}')
   with tempfile.TemporaryDirectory() as scratch:
@@ -82,16 +82,16 @@ def main(argv=None):
     print(f'{args.images} JPEGs ({mb:.0f} MB) in {args.tars} tars')
     two = ['--direct_num_workers=2', '--direct_running_mode=multi_processing']
     runs = {
-        'converters.convert_webdataset, 1 process':
-            lambda src, out: converters.convert_webdataset(src, out,
+        'webdataset.convert_webdataset, 1 process':
+            lambda src, out: webdataset.convert_webdataset(src, out,
                                                            workers=1),
-        'converters.convert_webdataset, --workers 2':
-            lambda src, out: converters.convert_webdataset(src, out,
+        'webdataset.convert_webdataset, --workers 2':
+            lambda src, out: webdataset.convert_webdataset(src, out,
                                                            workers=2),
         'Beam DirectRunner, 1 process (in_memory)':
-            beam_convert.convert_webdataset,
+            beam.convert_webdataset,
         'Beam DirectRunner, 2 worker processes':
-            lambda src, out: beam_convert.convert_webdataset(
+            lambda src, out: beam.convert_webdataset(
                 src, out, pipeline_args=two),
     }
     # The fixed cost inside those rates (processes, pipeline set-up): the

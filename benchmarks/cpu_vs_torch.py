@@ -44,8 +44,8 @@ import numpy as np
 
 
 def arch_config(name: str):
-  from prolip_jax.config import presets
-  c = presets.tiny_demo_config('prolip')
+  from prolip_jax import demos
+  c = demos.tiny_demo_config('prolip')
   c.mesh.num_devices = 1
   if name == 'issue':
     c.model.vision.image_size, c.model.vision.patch_size = 64, 8

@@ -1,7 +1,7 @@
 """Deterministic CLIP baseline on the bundled digits (no [UNC] tokens)."""
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('clip')
+  return demos.tiny_demo_config('clip')

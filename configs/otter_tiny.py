@@ -9,8 +9,8 @@ teacher is the run's moving average, ``optim.ema_decay`` = 0.99 here (paper
 ``model.use_unc=True`` for the probabilistic variant (CSD-based logits).
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('otter')
+  return demos.tiny_demo_config('otter')

@@ -15,8 +15,8 @@ Train-time eval adds eq. 2's difference-based accuracy on held-out pairs
 (``eval/diff_acc``). Both terms run on the CLIP ring when the batch is split.
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('pcclip')
+  return demos.tiny_demo_config('pcclip')

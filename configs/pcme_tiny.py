@@ -5,8 +5,8 @@ is PCME++'s pairwise BCE over closed-form sampled distance logits,
 -a * CSD + b with a = b = 5 at init, plus beta * VIB (config.loss.beta).
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('pcme')
+  return demos.tiny_demo_config('pcme')

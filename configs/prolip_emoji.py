@@ -5,8 +5,8 @@ python -m prolip_jax.main --config configs/prolip_emoji.py --workdir workdirs/pr
 python -m prolip_jax.evaluate --workdir workdirs/prolip_emoji --config configs/eval/emoji.py
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.emoji_demo_config('prolip')
+  return demos.emoji_demo_config('prolip')

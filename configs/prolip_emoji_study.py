@@ -7,8 +7,8 @@ python -m prolip_jax.main --config configs/prolip_emoji_study.py --workdir workd
 python -m prolip_jax.evaluate --workdir workdirs/prolip_emoji_study --config configs/eval/emoji.py --config.data.phrasings=heldout
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.emoji_study_config('prolip')
+  return demos.emoji_study_config('prolip')

@@ -3,8 +3,8 @@
 python -m prolip_jax.main --config configs/prolip_tiny.py --workdir /tmp/tiny
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('prolip')
+  return demos.tiny_demo_config('prolip')

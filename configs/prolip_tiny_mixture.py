@@ -8,11 +8,11 @@ python -m prolip_jax.main --config configs/prolip_tiny_mixture.py \
     --config.data.sources.web.weight=0.8 --workdir /tmp/mixture
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  c = presets.tiny_demo_config('prolip')
+  c = demos.tiny_demo_config('prolip')
   # Weights are floats (a command-line override must keep the type); Grain
   # mixes them as integer proportions, the smallest scaled to 100.
   c.data.sources = {

@@ -5,8 +5,8 @@ python -m prolip_jax.main --config configs/siglip_emoji.py --workdir workdirs/si
 python -m prolip_jax.evaluate --workdir workdirs/siglip_emoji --config configs/eval/emoji.py
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.emoji_demo_config('siglip')
+  return demos.emoji_demo_config('siglip')

@@ -1,7 +1,7 @@
 """Deterministic SIGLIP baseline on the bundled digits (no [UNC] tokens)."""
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('siglip')
+  return demos.tiny_demo_config('siglip')

@@ -10,8 +10,8 @@ the scalars are in params['uniclip']. Train-time zero-shot eval goes through
 the heads with the identity augmentation vector.
 """
 
-from prolip_jax.config import presets
+from prolip_jax import demos
 
 
 def get_config():
-  return presets.tiny_demo_config('uniclip')
+  return demos.tiny_demo_config('uniclip')

@@ -32,7 +32,7 @@ from absl import logging
 from prolip_jax import command_line
 from prolip_jax import errors
 from prolip_jax import host_memory
-from prolip_jax.config import help as config_help
+from prolip_jax import registries
 
 _USAGE = f"""{__doc__.strip()}
 
@@ -85,7 +85,7 @@ def run(argv: list[str]) -> int:
   def body():
     config = command_line.parse_training_config(argv)
     if flags.FLAGS.print_config:
-      print(config_help.describe(config))
+      print(registries.describe(config))
       return 0
     logging.set_verbosity(logging.WARNING)
     command_line.pin_cpu_thread_pool()  # before JAX starts its CPU backend

@@ -1,7 +1,7 @@
-"""The Beam converters (prolip_jax/data/beam_convert.py) against the
-one-machine ones (converters.py) on a planted set: the same shards, record
-for record and in order, the same skip counts and summary; retried and
-killed workers leave no duplicate or missing record.
+"""The Beam converters (prolip_jax/conversion/beam.py) against the
+one-machine ones (webdataset.py, image_folder.py) on a planted set: the
+same shards, record for record and in order, the same skip counts and
+summary; retried and killed workers leave no duplicate or missing record.
 
 Beam is an optional extra that does not install beside the pinned
 reference versions (docs/data.md): CI runs these tests in a venv of its own
@@ -22,8 +22,10 @@ import pytest
 from PIL import Image
 
 from prolip_jax import errors
-from prolip_jax.data import beam_convert
-from prolip_jax.data import converters
+from prolip_jax.conversion import beam
+from prolip_jax.conversion import common
+from prolip_jax.conversion import image_folder
+from prolip_jax.conversion import webdataset
 from prolip_jax.data import record_format
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,7 +99,7 @@ def _listing(out: str) -> list[str]:
 def reference(planted, tmp_path_factory) -> str:
   """The planted tars converted by today's one-machine converter."""
   out = str(tmp_path_factory.mktemp('reference') / 'out')
-  converters.convert_webdataset(os.path.join(planted, '*.tar'), out,
+  webdataset.convert_webdataset(os.path.join(planted, '*.tar'), out,
                                 max_record_bytes=MAX_RECORD_BYTES)
   return out
 
@@ -119,7 +121,7 @@ def _assert_same_conversion(out: str, reference: str):
 @needs_beam
 def test_tars_same_as_one_machine_converter(planted, reference, tmp_path):
   out = str(tmp_path / 'out')
-  summary = beam_convert.convert_webdataset(
+  summary = beam.convert_webdataset(
       os.path.join(planted, 'part{0..2}.tar'), out,
       max_record_bytes=MAX_RECORD_BYTES)
   # The planted set's own numbers, not only equality with the reference.
@@ -138,8 +140,8 @@ def test_retried_bundle_leaves_no_duplicate(planted, reference, tmp_path,
   """Every tar's first attempt fails at ``stage``; the runner's retry
   writes the shard again over whatever the first attempt left."""
   out = str(tmp_path / 'out')
-  fault = beam_convert.FailOnce(str(tmp_path), stage)
-  beam_convert.convert_webdataset(
+  fault = beam.FailOnce(str(tmp_path), stage)
+  beam.convert_webdataset(
       os.path.join(planted, '*.tar'), out, max_record_bytes=MAX_RECORD_BYTES,
       pipeline_args=RETRYING, fault=fault)
   assert len(glob.glob(str(tmp_path / f'{stage}-*.failed'))) == 3
@@ -162,9 +164,9 @@ def test_killed_worker_then_rerun_with_two_worker_processes(planted, reference,
   out = str(tmp_path / 'out')
   args = ['--runner=DirectRunner', '--direct_num_workers=2',
           '--direct_running_mode=multi_processing']
-  fault = beam_convert.FailOnce(str(tmp_path), 'writing', kill=True)
+  fault = beam.FailOnce(str(tmp_path), 'writing', kill=True)
   with pytest.raises(Exception):  # the runner's own error: a worker is gone
-    beam_convert.convert_webdataset(
+    beam.convert_webdataset(
         os.path.join(planted, '*.tar'), out,
         max_record_bytes=MAX_RECORD_BYTES, pipeline_args=args, fault=fault)
   assert glob.glob(str(tmp_path / 'writing-*.failed'))  # a worker died
@@ -194,10 +196,10 @@ def test_corrupt_tar_fails_as_the_one_machine_converter(planted, tmp_path):
   (tmp_path / 'in' / 'cut.tar').write_bytes(data[:len(data) // 2])
   (tmp_path / 'in' / 'whole.tar').write_bytes(data)
   messages = []
-  for convert in (converters.convert_webdataset,
-                  beam_convert.convert_webdataset):
+  for convert in (webdataset.convert_webdataset,
+                  beam.convert_webdataset):
     out = tmp_path / f'out_{len(messages)}'
-    with pytest.raises(converters.ConversionError) as e:
+    with pytest.raises(common.ConversionError) as e:
       convert(str(tmp_path / 'in'), str(out),
               max_record_bytes=MAX_RECORD_BYTES)
     messages.append(str(e.value).replace(str(out), 'OUT'))
@@ -236,12 +238,12 @@ def test_folder_same_as_one_machine_converter(folder, tmp_path, monkeypatch,
                                               block):
   """With one block of entries, and with blocks of 3 entries (ranks carried
   across blocks: shards cut in the middle of blocks)."""
-  monkeypatch.setattr(beam_convert, '_BLOCK', block)
+  monkeypatch.setattr(beam, '_BLOCK', block)
   images, captions = folder
   ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
-  want = converters.convert_folder(images, captions, ref, shard_size=4,
+  want = image_folder.convert_folder(images, captions, ref, shard_size=4,
                                    max_record_bytes=MAX_RECORD_BYTES)
-  got = beam_convert.convert_folder(images, captions, out, shard_size=4,
+  got = beam.convert_folder(images, captions, out, shard_size=4,
                                     max_record_bytes=MAX_RECORD_BYTES)
   assert want['records_written'] == 12 and len(want['shards']) == 3
   assert got == want
@@ -251,13 +253,13 @@ def test_folder_same_as_one_machine_converter(folder, tmp_path, monkeypatch,
 
 @needs_beam
 def test_folder_retried_shard_writes(folder, tmp_path, monkeypatch):
-  monkeypatch.setattr(beam_convert, '_BLOCK', 4)
+  monkeypatch.setattr(beam, '_BLOCK', 4)
   images, captions = folder
   ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
-  converters.convert_folder(images, captions, ref, shard_size=5)
-  beam_convert.convert_folder(
+  image_folder.convert_folder(images, captions, ref, shard_size=5)
+  beam.convert_folder(
       images, captions, out, shard_size=5, pipeline_args=RETRYING,
-      fault=beam_convert.FailOnce(str(tmp_path), 'committed'))
+      fault=beam.FailOnce(str(tmp_path), 'committed'))
   assert len(glob.glob(str(tmp_path / 'committed-*.failed'))) == 3
   assert _shards(out) == _shards(ref)
   assert _listing(out) == _listing(ref)
@@ -265,9 +267,9 @@ def test_folder_retried_shard_writes(folder, tmp_path, monkeypatch):
 
 def test_without_beam_one_line_names_the_install(monkeypatch, tmp_path):
   monkeypatch.setitem(sys.modules, 'apache_beam', None)  # import fails
-  with pytest.raises(beam_convert.BeamMissingError,
+  with pytest.raises(beam.BeamMissingError,
                      match=r"pip install 'prolip_jax\[beam\]'"):
-    beam_convert.convert_webdataset(str(tmp_path / '*.tar'),
+    beam.convert_webdataset(str(tmp_path / '*.tar'),
                                     str(tmp_path / 'out'))
 
 
@@ -282,13 +284,13 @@ def test_tars_on_gcs(planted, reference, gcs, tmp_path):
     with open(os.path.join(planted, name), 'rb') as src, FileSystems.create(
         f'{prefix}/in/{name}') as dst:
       dst.write(src.read())
-  summary = beam_convert.convert_webdataset(
+  summary = beam.convert_webdataset(
       f'{prefix}/in/part{{0..2}}.tar', f'{prefix}/out',
       max_record_bytes=MAX_RECORD_BYTES)
   local = tmp_path / 'out'
   local.mkdir()
   found = FileSystems.match([f'{prefix}/out/**'])[0].metadata_list
-  assert not [m.path for m in found if beam_convert.STAGING_PREFIX in m.path]
+  assert not [m.path for m in found if beam.STAGING_PREFIX in m.path]
   for m in found:
     with FileSystems.open(m.path) as src:
       (local / m.path.rsplit('/', 1)[1]).write_bytes(src.read())

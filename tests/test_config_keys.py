@@ -5,17 +5,21 @@ builds."""
 
 import glob
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from prolip_jax import demos
 from prolip_jax import errors
 from prolip_jax import objectives
+from prolip_jax import registries
 from prolip_jax.config import drift as config_drift
 from prolip_jax.config import help as config_help
 from prolip_jax.config import keys as config_keys
 from prolip_jax.config import presets
+from prolip_jax.data import sources
 from prolip_jax.evaluation import evaluator
 from prolip_jax.models import ModelConfig
 from prolip_jax.models import ProLIP
@@ -23,16 +27,15 @@ from prolip_jax.training import optimizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
-OBJECTIVES = ('prolip', 'siglip', 'clip', 'pcme', 'otter', 'uniclip',
-              'pcclip')
 
 
 def _all_configs():
   for path in sorted(glob.glob(os.path.join(REPO, 'configs', '*.py'))):
     yield os.path.basename(path), presets.load_config_file(path)
-  for name in OBJECTIVES:
-    yield f'tiny_demo_config({name!r})', presets.tiny_demo_config(name)
-    yield f'emoji_demo_config({name!r})', presets.emoji_demo_config(name)
+  for name in objectives.OBJECTIVES:
+    yield f'tiny_demo_config({name!r})', demos.tiny_demo_config(name)
+    yield f'emoji_demo_config({name!r})', demos.emoji_demo_config(name)
+    yield f'emoji_study_config({name!r})', demos.emoji_study_config(name)
 
 
 def test_every_key_of_every_config_is_declared():
@@ -79,6 +82,73 @@ def test_print_config_marks_fixed_keys():
   assert lines['keep_checkpoints'].endswith(
       '[removes the checkpoints older than the newest keep_checkpoints]')
   assert [k for k in lines if '[removes ' in lines[k]] == ['keep_checkpoints']
+
+
+def _declared_choices() -> dict[str, str]:
+  """{key: registry} of every declaration with ``choices``."""
+  found = {k: d.choices for k, d in config_keys.KEYS.items() if d.choices}
+  found['evals.NAME.kind'] = config_keys.EVAL_KIND.choices
+  return found
+
+
+def test_registries_list_what_their_packages_hold():
+  """Each registry a key names lists its package's names, counted here
+  another way where there is one: the objectives by the ``name`` of the
+  ``Objective`` subclasses in the files of objectives/, the evaluator kinds
+  by the files of evaluation/kinds/."""
+  assert set(_declared_choices().values()) == set(registries.REGISTRIES)
+  here = os.path.dirname(objectives.__file__)
+  classes = {cls.name for cls in _subclasses(objectives.Objective)
+             if cls.name and os.path.dirname(
+                 sys.modules[cls.__module__].__file__ or '') == here}
+  assert set(registries.names('objectives')) == classes
+  kinds_dir = os.path.join(os.path.dirname(evaluator.__file__), 'kinds')
+  assert set(registries.names('evaluator kinds')) == {
+      f[:-3] for f in os.listdir(kinds_dir)
+      if f.endswith('.py') and f != '__init__.py'}
+  assert registries.names('sources') == tuple(sources.SOURCES)
+  assert {'digits', 'emoji'} <= set(registries.names('sources'))
+
+
+def _subclasses(cls):
+  for sub in cls.__subclasses__():
+    yield sub
+    yield from _subclasses(sub)
+
+
+def test_every_value_of_a_key_with_choices_is_one_of_them():
+  """The declared defaults and every config's values of such keys are
+  names their registry holds."""
+  for key, registry in _declared_choices().items():
+    if 'NAME' not in key:
+      assert config_keys.default(key) in registries.names(registry), key
+  for name, config in _all_configs():
+    for key, value in config_help.flatten(config).items():
+      declared = config_keys.declaration(key)
+      if declared is not None and declared.choices:
+        assert value in registries.names(declared.choices), (name, key)
+
+
+def test_print_config_lists_each_registry_from_itself(monkeypatch):
+  """``--print_config``'s line of a key with choices lists its registry's
+  names, a name added to the registry included; ``describe`` without the
+  registries lists none."""
+  config = presets.load_config_file(MICRO)
+  config.evals.eval.kind = 'heldout'
+  lines = {l.split(' = ')[0]: l for l in
+           registries.describe(config).splitlines()}
+  listed = {key: lines[key].split('(one of ')[1].split(')')[0].split(' | ')
+            for key in ('objective', 'data.name', 'evals.eval.kind')}
+  assert listed == {
+      'objective': list(objectives.OBJECTIVES),
+      'data.name': list(sources.SOURCES),
+      'evals.eval.kind': list(evaluator.kind_names())}
+  assert lines['objective'].endswith('[fixed on resume]')
+  assert '(one of' not in config_help.describe(config)
+  monkeypatch.setattr(objectives, 'OBJECTIVES',
+                      (*objectives.OBJECTIVES, 'added_here'))
+  assert 'added_here)' in registries.describe(config).splitlines()[
+      list(lines).index('objective')]
 
 
 def test_minimums_refuse_below_and_accept_at_the_minimum():
@@ -197,17 +267,39 @@ def test_optimizer_keys_that_change_the_state_tree_are_declared_so():
   assert all(config_drift.is_fixed(k) for k in keys if measured[k])
 
 
+def _parameter_sections() -> list[tuple[str, str]]:
+  """(objective, key prefix): ``model.`` under the default objective, and
+  each section of its own that an objective adds (``uniclip.``: a
+  top-level section no other config has), under that objective."""
+  shared = set(presets.base_config())
+  own = sorted({(d.added_by, k.split('.')[0] + '.')
+                for k, d in config_keys.KEYS.items()
+                if d.added_by and k.split('.')[0] not in shared})
+  return [(config_keys.default('objective'), 'model.')] + own
+
+
+def test_parameter_sections_are_the_models_and_each_objectives_own():
+  sections = _parameter_sections()
+  # Independent: the objectives whose init_extra_params adds parameters
+  # each own a section of keys.
+  extra = [name for name in objectives.OBJECTIVES
+           if type(objectives.get(name)).init_extra_params
+           is not objectives.Objective.init_extra_params]
+  assert sorted(o for o, _ in sections[1:]) == sorted(extra)
+  assert all(prefix == f'{o}.' for o, prefix in sections[1:])
+
+
 @pytest.mark.slow  # traces the model init once per key (~20 s)
-@pytest.mark.parametrize('objective,prefix', [('prolip', 'model.'),
-                                              ('uniclip', 'uniclip.')])
+@pytest.mark.parametrize('objective,prefix', _parameter_sections())
 def test_keys_that_change_the_parameter_tree_are_declared_so(objective,
                                                             prefix):
-  """For every model.* (and uniclip.*) key: does changing it change the
-  parameter tree (jax.eval_shape of the model's init plus the objective's
-  own parameters)? Exactly those keys must be declared ``PARAMETER_TREE``;
-  the others that may not change say why."""
+  """For every model.* key (and every key of an objective's own section,
+  uniclip.*): does changing it change the parameter tree (jax.eval_shape
+  of the model's init plus the objective's own parameters)? Exactly those
+  keys must be declared ``PARAMETER_TREE``; the others that may not change
+  say why."""
   def base():
-    c = presets.tiny_demo_config(objective)
+    c = demos.tiny_demo_config(objective)
     c.model.vision.layers = c.model.text.layers = 1  # faster tracing
     return c
 

@@ -20,7 +20,9 @@ from PIL import Image
 from sklearn.datasets import load_sample_images
 
 from prolip_jax import errors
-from prolip_jax.data import converters
+from prolip_jax.conversion import common
+from prolip_jax.conversion import image_folder
+from prolip_jax.conversion import webdataset
 from prolip_jax.data import digits
 from prolip_jax.data import eval_data
 from prolip_jax.data import pipeline
@@ -190,7 +192,7 @@ def test_convert_webdataset(tmp_path, digit_data, photos):
       _add(tar, f'sub/{key}.txt', (caption + '\n').encode())  # stripped
       good[1].append((f'sub/{key}', image, caption))
   out = tmp_path / 'out'
-  summary = converters.convert_webdataset(
+  summary = webdataset.convert_webdataset(
       str(tmp_path / 'in' / '{00000..00001}.tar'), str(out), workers=2,
       max_record_bytes=60_000)
   assert summary['records_written'] == 6 + 2 + 3
@@ -235,9 +237,9 @@ def test_convert_webdataset_truncated_tar(tmp_path, digit_data):
   (tmp_path / 'x.tar').write_bytes(data[:cut])
   # A shard cut short is not a shard: an error naming the tar, and neither
   # a shard (whole or half-written) nor a .done marker for it.
-  with pytest.raises(converters.ConversionError,
+  with pytest.raises(common.ConversionError,
                      match=r'x\.tar is truncated.*after 2 examples'):
-    converters.convert_webdataset(str(tmp_path / 'x.tar'),
+    webdataset.convert_webdataset(str(tmp_path / 'x.tar'),
                                   str(tmp_path / 'out'))
   assert not (tmp_path / 'out').exists()
 
@@ -288,7 +290,7 @@ def test_convert_folder(tmp_path, digit_data, photos):
     f.write('filepath,caption\n')
     for rel, _, cap in expected:
       f.write(f'{rel},"{cap}"\n')
-  converters.convert_folder(str(img_dir), str(tmp_path / 'captions.csv'),
+  image_folder.convert_folder(str(img_dir), str(tmp_path / 'captions.csv'),
                             str(tmp_path / 'out_csv'))
   csv_src = record_sources.ArrayRecordSource(str(tmp_path / 'out_csv'))
   assert [csv_src[i] for i in range(len(csv_src))] == [
@@ -311,7 +313,7 @@ def test_convert_folder(tmp_path, digit_data, photos):
     f.write(b'image,caption\nphoto.jpg,caf\xe9\n../outside.jpg,x\n'
             b'photo.jpg,fine\n')
   for name in ('hostile.jsonl', 'hostile.csv'):
-    summary = converters.convert_folder(str(img_dir), str(tmp_path / name),
+    summary = image_folder.convert_folder(str(img_dir), str(tmp_path / name),
                                         str(tmp_path / ('out_' + name)))
     assert summary['records_written'] == 1, name
     assert summary['skipped']['bad_caption'] == 1, name

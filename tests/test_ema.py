@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from prolip_jax import demos
 from prolip_jax import objectives
 from prolip_jax.config import presets
 from prolip_jax.interop import load as load_lib
@@ -53,11 +54,11 @@ def test_the_state_keeps_the_average_of_the_trajectory_and_skips_nan_steps():
 
 def test_the_evaluators_score_the_average_but_otter_scores_its_student():
   prolip, otter = objectives.get('prolip'), objectives.get('otter')
-  c = presets.tiny_demo_config('prolip')
+  c = demos.tiny_demo_config('prolip')
   assert not optimizer.evaluates_ema(c, prolip)
   c.optim.ema_decay = 0.9
   assert optimizer.evaluates_ema(c, prolip)
-  assert not optimizer.evaluates_ema(presets.tiny_demo_config('otter'), otter)
+  assert not optimizer.evaluates_ema(demos.tiny_demo_config('otter'), otter)
 
 
 def _micro(steps, decay):

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from prolip_jax import demos
 from prolip_jax import objectives
 from prolip_jax import sharding
 from prolip_jax.config import presets
@@ -230,7 +231,7 @@ def test_tokenizer_corpus():
 
 
 def test_grain_pipeline_reads_the_emoji_source(tmp_path):
-  c = presets.tiny_demo_config('prolip')
+  c = demos.tiny_demo_config('prolip')
   c.data.name = 'emoji'
   c.batch_size = 16
   objective = objectives.get(c.objective)

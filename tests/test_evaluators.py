@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from prolip_jax import demos
 from prolip_jax import errors
 from prolip_jax import evaluate
 from prolip_jax import sharding as shd
@@ -428,7 +429,7 @@ def test_evaluate_on_an_emoji_checkpoint_scores_the_emoji(workdir, tmp_path):  #
   held-out emoji."""
   params, meta = checkpoint.load_params(workdir)
   emoji_dir = str(tmp_path / 'emoji_run')
-  config = presets.emoji_demo_config()
+  config = demos.emoji_demo_config()
   assert config.evals.to_dict() == presets.heldout_evals(every_steps=300)
   meta = dict(meta, config=config.to_dict())
   with checkpoint.manager(emoji_dir) as mngr:

@@ -7,7 +7,8 @@ one node, each module at the package root (``evaluate``, ``plotting``,
 not. The package's own ``__init__`` (the ``prolip_jax.load`` facade) is no
 node. On top of that, a few one-way rules: evaluation sits below training
 (training imports evaluation, never the reverse), models import nothing
-from data, objectives nothing from evaluation.
+from data, objectives nothing from evaluation, and neither data nor
+training imports the offline converters (conversion imports data).
 """
 
 from test_imports import find_cycle
@@ -24,6 +25,10 @@ FORBIDDEN = [
     ('prolip_jax.evaluation', 'prolip_jax.training'),  # the training loop
     ('prolip_jax.models', 'prolip_jax.data'),
     ('prolip_jax.objectives', 'prolip_jax.evaluation'),
+    # The offline converters read data's record format; a training run
+    # never imports them.
+    ('prolip_jax.data', 'prolip_jax.conversion'),
+    ('prolip_jax.training', 'prolip_jax.conversion'),
 ]
 
 
@@ -90,3 +95,13 @@ def test_layers_go_one_way():
         if _under(module, low) and _under(target, high):
           wrong.append(f'{module} imports {target}')
   assert not wrong, '; '.join(sorted(wrong))
+
+
+def test_the_offline_converters_are_imported_by_nothing_in_the_package():
+  """``conversion`` reads ``data``'s record format and is imported only by
+  the tools, benchmarks and tests, never by a module of the package."""
+  graph, why = package_graph(import_graph())
+  assert 'prolip_jax.data' in graph['prolip_jax.conversion']
+  importers = sorted(a for a, targets in graph.items()
+                     if 'prolip_jax.conversion' in targets)
+  assert not importers, [why[(a, 'prolip_jax.conversion')] for a in importers]

@@ -15,6 +15,7 @@ import pytest
 
 from prolip_jax import errors
 from prolip_jax import main
+from prolip_jax import registries
 from prolip_jax.config import help as config_help
 from prolip_jax.config import presets
 
@@ -79,7 +80,8 @@ def test_help_and_print_config():
   config = presets.load_config_file(MICRO)
   assert len(lines) == len(config_help.flatten(config))
   config.total_steps = 7
-  assert out.strip() == config_help.describe(config).strip()
+  assert out.strip() == registries.describe(config).strip()
+  assert '# the training objective' in out and '(one of ' in out
 
 
 def test_nearest_and_config_errors():

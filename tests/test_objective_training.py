@@ -14,7 +14,7 @@ import pytest
 
 from prolip_jax import embedding
 from prolip_jax import objectives
-from prolip_jax.config import presets
+from prolip_jax import demos
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import train
 
@@ -24,7 +24,7 @@ from test_train import load_config
 def micro(objective, total_steps, num_devices=1, batch_size=16):
   """``prolip_micro`` towers with the objective's tiny-demo settings."""
   c = load_config('prolip_micro')
-  demo = presets.tiny_demo_config(objective)
+  demo = demos.tiny_demo_config(objective)
   c.objective = objective
   c.model.use_unc = demo.model.use_unc
   c.model.init_logit_scale = demo.model.init_logit_scale

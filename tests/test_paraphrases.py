@@ -260,10 +260,10 @@ def test_study_configs_are_twins_at_one_budget():
   objective needs; both train on 'fit' (the validation names held back)
   with the paraphrase pools, three times the demo's length."""
   from prolip_jax.config import help as config_help  # pylint: disable=g-import-not-at-top
-  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
-  pro = presets.emoji_study_config('prolip')
-  sig = presets.emoji_study_config('siglip')
-  demo = presets.emoji_demo_config('prolip')
+  from prolip_jax import demos  # pylint: disable=g-import-not-at-top
+  pro = demos.emoji_study_config('prolip')
+  sig = demos.emoji_study_config('siglip')
+  demo = demos.emoji_demo_config('prolip')
   for c in (pro, sig):
     assert (c.data.captions, c.data.split) == ('paraphrases', 'fit')
     assert c.total_steps == 3 * demo.total_steps

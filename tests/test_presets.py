@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from prolip_jax import demos
 from prolip_jax import objectives
 from prolip_jax.config import help as config_help
 from prolip_jax.config import keys as config_keys
@@ -208,11 +209,11 @@ def test_loss_defaults_are_the_papers_numbers_written_once():
       1 / papers['loss.pcclip_tau'])
   # OTTER's teacher decay is the run's optim.ema_decay: the paper's value
   # is cited by OTTER's refusal of a run without one.
-  without = presets.tiny_demo_config('otter')
+  without = demos.tiny_demo_config('otter')
   without.optim.ema_decay = 0.0
   with pytest.raises(ValueError, match=r'optim.ema_decay.*the paper: 0.999'):
     otter_objective.OTTERObjective().validate(without)
-  pcme = presets.tiny_demo_config('pcme').model
+  pcme = demos.tiny_demo_config('pcme').model
   assert (pcme.init_logit_scale, pcme.init_logit_bias) == (5.0, 5.0) == (
       paper.PCME_SCALE_INIT, paper.PCME_BIAS_INIT)
 

@@ -21,7 +21,7 @@ import prolip_jax
 from prolip_jax import embedding
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
-from prolip_jax.config import presets
+from prolip_jax import demos
 from prolip_jax.data import digits
 from prolip_jax.data import pipeline
 from prolip_jax.data import transforms
@@ -236,7 +236,7 @@ def test_uniclip_config_file_and_validation():
     bad[section][key] = value
     with pytest.raises(ValueError, match=match):
       train.validate_config(bad)
-  other = presets.tiny_demo_config('siglip')
+  other = demos.tiny_demo_config('siglip')
   other.data.num_views = 3
   with pytest.raises(ValueError, match='one view per image'):
     train.validate_config(other)

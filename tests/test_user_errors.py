@@ -34,7 +34,7 @@ import prolip_jax
 from prolip_jax import errors
 from prolip_jax import main
 from prolip_jax.config import presets
-from prolip_jax.data import converters
+from prolip_jax.conversion import image_folder
 from prolip_jax.data import record_sources
 from prolip_jax.data.tokenizer import file_sha256
 from prolip_jax.data.tokenizer import Tokenizer
@@ -432,7 +432,7 @@ def test_readers_warn_about_an_unfinished_conversion(tmp_path, capfd):
     rows.append(json.dumps({'image': f'{i}.png', 'caption': f'image {i}'}))
   (tmp_path / 'caps.jsonl').write_text('\n'.join(rows) + '\n')
   out = tmp_path / 'shards'
-  converters.convert_folder(str(images), str(tmp_path / 'caps.jsonl'),
+  image_folder.convert_folder(str(images), str(tmp_path / 'caps.jsonl'),
                             str(out), shard_size=2)
   capfd.readouterr()
   assert len(record_sources.ArrayRecordSource(str(out))) == 4

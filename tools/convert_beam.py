@@ -7,7 +7,7 @@ python tools/convert_beam.py --images DIR --captions captions.jsonl \
 
 The same shards, ``.done`` markers, skip counts and ``summary.json`` as
 ``tools/convert_webdataset.py`` and ``tools/convert_folder.py`` (the
-pipeline: ``prolip_jax/data/beam_convert.py``), on any Beam runner. Every
+pipeline: ``prolip_jax/conversion/beam.py``), on any Beam runner. Every
 option this tool does not know is Beam's: ``--runner=DirectRunner
 --direct_num_workers=4 --direct_running_mode=multi_processing`` on one
 machine (the default is the DirectRunner in one process), or the Dataflow,
@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from prolip_jax import errors
-from prolip_jax.data import beam_convert
-from prolip_jax.data import converters
+from prolip_jax.conversion import beam
+from prolip_jax.conversion import common
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -35,7 +35,7 @@ def _refuse_typos(parser: argparse.ArgumentParser, beam_args: list[str]):
   """Options this tool does not know go to Beam, which only logs a warning
   for one it does not know either; one that looks like this tool's own
   (``--shard-size``) is refused here instead of ignored."""
-  beam_convert.require_beam()
+  beam.require_beam()
   from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
   beams = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
   for cls in {str(c): c for c in
@@ -62,23 +62,23 @@ def main(argv=None) -> dict:
                       help='captions .csv / .tsv / .jsonl (local)')
   parser.add_argument('--shard_size', type=int, default=10000,
                       help='records per output shard (folder layout)')
-  converters.add_common_args(parser)
+  common.add_common_args(parser)
   args, beam_args = parser.parse_known_args(argv)
   _refuse_typos(parser, beam_args)
   if bool(args.input) == bool(args.images or args.captions):
     raise errors.ConfigError('give either --input (tars) or --images and '
                              '--captions (an image folder)')
   if args.input:
-    summary = beam_convert.convert_webdataset(
+    summary = beam.convert_webdataset(
         args.input, args.output, max_record_bytes=args.max_record_bytes,
         pipeline_args=beam_args)
   else:
     if not (args.images and args.captions):
       raise errors.ConfigError('--images and --captions go together')
-    summary = beam_convert.convert_folder(
+    summary = beam.convert_folder(
         args.images, args.captions, args.output, shard_size=args.shard_size,
         max_record_bytes=args.max_record_bytes, pipeline_args=beam_args)
-  converters.print_summary(summary, args.output)
+  common.print_summary(summary, args.output)
   return summary
 
 

@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from prolip_jax import errors
-from prolip_jax.data import converters
+from prolip_jax.conversion import common
+from prolip_jax.conversion import image_folder
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -38,12 +39,12 @@ def main(argv=None) -> dict:
                       help='captions .csv / .tsv / .jsonl')
   parser.add_argument('--shard_size', type=int, default=10000,
                       help='records per output shard')
-  converters.add_common_args(parser)
+  common.add_common_args(parser)
   args = parser.parse_args(argv)
-  summary = converters.convert_folder(
+  summary = image_folder.convert_folder(
       args.images, args.captions, args.output, shard_size=args.shard_size,
       max_record_bytes=args.max_record_bytes)
-  converters.print_summary(summary, args.output)
+  common.print_summary(summary, args.output)
   return summary
 
 

@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from prolip_jax import errors
-from prolip_jax.data import converters
+from prolip_jax.conversion import common
+from prolip_jax.conversion import webdataset
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -39,12 +40,12 @@ def main(argv=None) -> dict:
                       help="tar shards: brace pattern or glob (repeatable)")
   parser.add_argument('--workers', type=int, default=os.cpu_count() or 1,
                       help='shards converted in parallel processes')
-  converters.add_common_args(parser)
+  common.add_common_args(parser)
   args = parser.parse_args(argv)
-  summary = converters.convert_webdataset(
+  summary = webdataset.convert_webdataset(
       args.input, args.output, workers=args.workers,
       max_record_bytes=args.max_record_bytes, verbose=True)
-  converters.print_summary(summary, args.output)
+  common.print_summary(summary, args.output)
   return summary
 
 

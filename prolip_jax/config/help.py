@@ -1,12 +1,14 @@
 """``--print_config``: every config key with its value and meaning.
 
 The meanings are the declarations of ``config_keys.KEYS``; a key marked
-``[fixed on resume]`` may not change when a workdir is resumed.
+``[fixed on resume]`` may not change when a workdir is resumed. A key whose
+values are a registry's names lists them when ``describe`` is given the
+registries (``prolip_jax/registries.py``, which may import them).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from prolip_jax.config import keys as config_keys
 
@@ -26,19 +28,23 @@ def flatten(config: Any, prefix: str = '') -> dict[str, Any]:
   return out
 
 
-def describe(config: Any) -> str:
-  """One line per key: ``key = value  # meaning``; keys that may not change
-  on resume end in ``[fixed on resume]``, keys that delete files in
-  ``[removes ...]``."""
+def describe(config: Any,
+             names: Optional[Callable[[str], Sequence[str]]] = None) -> str:
+  """One line per key: ``key = value  # meaning``; a key whose values are
+  the names of a registry lists them, ``(one of a | b | c)``, when
+  ``names(registry)`` gives them; keys that may not change on resume end
+  in ``[fixed on resume]``, keys that delete files in ``[removes ...]``."""
   flat = flatten(config)
   width = max(len(f'{k} = {v!r}') for k, v in flat.items())
   lines = []
   for key, value in flat.items():
     text = f'{key} = {value!r}'
     note = config_keys.meaning(key)
+    declared = config_keys.declaration(key)
+    if names is not None and declared is not None and declared.choices:
+      note += f' (one of {" | ".join(names(declared.choices))})'
     if config_keys.fixed_reason(key):
       note += ' [fixed on resume]'
-    declared = config_keys.declaration(key)
     if declared is not None and declared.removes:
       note += f' [removes {declared.removes}]'
     lines.append(f'{text:{width}s}  # {note}' if note else text)

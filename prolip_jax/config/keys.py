@@ -22,6 +22,13 @@ belongs to one objective's configs only (not in ``base_config``).
 Defaults written elsewhere are read, not repeated: the model sizes are the
 ``tiny`` row of ``sizes.SIZES`` and the loss weights the papers' values of
 ``paper`` (which the loss functions take as their keyword defaults).
+
+Names a registry defines are not written here either: a key whose value is
+one of them names its registry (``choices``: the objectives, the data
+sources, the evaluator kinds). The packages that define them import this
+one, so ``prolip_jax/registries.py``, above both, lists them for
+``--print_config``; each registry's own lookup names them in its error for
+a value it does not hold.
 """
 
 from __future__ import annotations
@@ -58,10 +65,11 @@ class Key:
   configs add it; '' for every config), ``minimum`` (a count, size or
   interval: the smallest integer it may be, checked by ``check_values``
   before any work; None: not a count), ``none_allowed`` (None is a valid
-  value of such a count, its meaning said in ``meaning``) and ``removes``
+  value of such a count, its meaning said in ``meaning``), ``removes``
   (what a value of it
   deletes from the workdir: printed when a run starts with files it will
-  delete)."""
+  delete) and ``choices`` (the registry whose names are its values, one
+  of ``registries.REGISTRIES``; '' : none)."""
   default: Any
   meaning: str
   fixed: str = ''
@@ -69,13 +77,14 @@ class Key:
   minimum: int | None = None
   none_allowed: bool = False
   removes: str = ''
+  choices: str = ''
 
 
 KEYS: dict[str, Key] = {
     'seed': Key(0, 'seeds the parameters, the data order and the step '
                 'randomness', DATA),
-    'objective': Key('prolip', 'prolip | siglip | clip | pcme | otter | '
-                     'uniclip | pcclip', MODEL),
+    'objective': Key('prolip', 'the training objective: a module of '
+                     'prolip_jax/objectives/', MODEL, choices='objectives'),
     'batch_size': Key(128, 'global batch (all devices and hosts)', DATA, minimum=1),
     # May change on resume: the step's loss, masks and data are the whole
     # batch's whatever the split (training/accumulation.py).
@@ -222,7 +231,8 @@ KEYS: dict[str, Key] = {
                         "e.g. ('visual/.*',) locks the image tower (LiT); "
                         'no update, no optimizer state', OPTIMIZER_TREE),
     # -- data
-    'data.name': Key('digits', 'digits | emoji | array_record | tfds', DATA),
+    'data.name': Key('digits', 'the training data source', DATA,
+                     choices='sources'),
     # An open subtree read by data/sources.py (mixture.py). An entry's
     # weight is SOURCE_WEIGHT (may change on resume), its data.* fields are
     # declared as data's own (ENTRY_FIELDS_OF); adding or removing a source
@@ -399,6 +409,12 @@ SOURCE_WEIGHT = Key(1.0, "a source's weight in data.sources (> 0); on "
                     'resume new weights apply from the resumed step, each '
                     'source continuing where it stopped')
 
+# ``evals.<name>.kind``: which evaluator an entry of the open subtree
+# ``evals`` is (its other fields are the kind's options, checked by
+# evaluation/evaluator.py).
+EVAL_KIND = Key('', "an evaluator's kind: a module of "
+                'prolip_jax/evaluation/kinds/', choices='evaluator kinds')
+
 # Open subtrees whose entries repeat the fields of another section: a field
 # ``data.sources.<label>.path`` is declared as ``data.path`` is (its meaning
 # and its fixed-ness on resume); other fields (``weight``) are the subtree's.
@@ -409,13 +425,16 @@ def declaration(key: str) -> Key | None:
   """``key``'s declaration: its own, or that of the open subtree holding it
   (a declared key whose default is a dict, such as ``evals``; for an entry
   field of ``ENTRY_FIELDS_OF``, the field's own declaration in its
-  section); None when undeclared."""
+  section; ``SOURCE_WEIGHT`` and ``EVAL_KIND`` for a source's weight and an
+  evaluator's kind); None when undeclared."""
   if key in KEYS:
     return KEYS[key]
   parts = key.split('.')
   if len(parts) == 4 and parts[:2] == ['data', 'sources'] and (
       parts[3] == 'weight'):
     return SOURCE_WEIGHT
+  if len(parts) == 3 and parts[0] == 'evals' and parts[2] == 'kind':
+    return EVAL_KIND
   for subtree, section in ENTRY_FIELDS_OF.items():
     depth = subtree.count('.') + 1
     if (len(parts) == depth + 2 and '.'.join(parts[:depth]) == subtree

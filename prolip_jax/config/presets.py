@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import ml_collections
 
 from prolip_jax.config import keys as config_keys
-from prolip_jax.config import paper
 from prolip_jax.config import sizes
 
 
@@ -103,9 +103,10 @@ def benchmark_evals(every_steps: int = 5000, batch_size: int = 1024,
   return evals
 
 
-def short_run_uncertainty(c: ml_collections.ConfigDict, beta: float = 0.3
-                          ) -> ml_collections.ConfigDict:
-  """Knobs under which ProLIP's sigma^2 trains in a few hundred steps.
+def short_run_uncertainty(beta: float = 0.3) -> dict[str, Any]:
+  """Knobs under which ProLIP's sigma^2 trains in a few hundred steps, as
+  dotted config settings (ProLIP's demos declare them:
+  ``objectives/prolip.py``'s ``demo_settings``).
 
   The paper's weights are tuned for 1.28B samples: in 600 steps Adam moves
   the [UNC] heads by about 0.3 in log sigma^2, VIB (beta = 1e-4) and
@@ -116,119 +117,4 @@ def short_run_uncertainty(c: ml_collections.ConfigDict, beta: float = 0.3
   uncertain than specific ones. Chosen on validation splits carved from
   training; docs/small_scale_uncertainty.md has every setting tried.
   """
-  c.optim.unc_lr_mult = 10.0
-  c.loss.beta = beta
-  c.loss.alpha1 = 1e-3
-  return c
-
-
-def tiny_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
-  """The CPU demo on the bundled MNIST digits, for any objective.
-
-  Deterministic objectives ('siglip', 'clip', 'otter', 'uniclip', 'pcclip')
-  get towers without [UNC]; set ``model.use_unc`` for OTTER's probabilistic
-  (CSD-logit) variant.
-  """
-  c = base_config()
-  c.objective = objective
-  c.model = model_preset('tiny', use_unc=objective in ('prolip', 'pcme'))
-  if objective in ('clip', 'otter', 'pcclip'):
-    c.model.init_logit_scale = 1 / 0.07  # CLIP's temperature init
-  if objective == 'pcclip':
-    # PC-CLIP (Sam et al.): CLIP + weight * eq. 1 over difference pairs,
-    # tau = 1 (appendix C.1). One differing attribute per T_ij (the declared
-    # default): with the 256-piece demo tokenizer one phrase is 15-26 tokens,
-    # and two would not fit the 32-token context.
-    config_keys.add(c, 'pcclip')
-  if objective == 'pcme':
-    # PCME++'s release inits a = 5, b = 5 (the model stores log a).
-    c.model.init_logit_scale = paper.PCME_SCALE_INIT
-    c.model.init_logit_bias = paper.PCME_BIAS_INIT
-  if objective == 'otter':
-    # The teacher is the run's EMA. The paper's 0.999 suits long runs; over
-    # the demo's 600 steps it would leave the teacher at about half its
-    # random init.
-    c.optim.ema_decay = 0.99
-  c.batch_size = 128
-  c.total_steps = 600
-  c.optim.lr = 1e-3
-  c.optim.warmup_steps = 60
-  c.optim.weight_decay = 0.05
-  c.data.name = 'digits'
-  if objective == 'prolip':
-    short_run_uncertainty(c, beta=0.1)
-  c.data.mean = (0.5, 0.5, 0.5)
-  c.data.std = (0.5, 0.5, 0.5)
-  # Grayscale digits: colour jitter and grayscale do nothing useful.
-  c.data.jitter_prob = 0.0
-  c.data.grayscale_prob = 0.0
-  c.log_every_steps = 25
-  c.checkpoint_every_steps = 200
-  c.evals = heldout_evals(every_steps=300)
-  if objective == 'uniclip':
-    _uniclip_settings(c)
-  return c
-
-
-def _uniclip_settings(c: ml_collections.ConfigDict):
-  """UniCLIP on the digits: 3 views per image, heads of section 2.1."""
-  c.data.num_views = 3  # the paper's positive group: 3 views + 1 caption
-  # Views must differ (image-image positives) and the head must see how:
-  # crops and, since grey digits have no colour, brightness/contrast jitter
-  # only (saturation/hue factors stay at identity).
-  c.data.crop_scale = (0.6, 1.0)
-  c.data.jitter = (0.4, 0.4, 0.0, 0.0)
-  c.data.jitter_prob = 0.8
-  # Declared defaults: balanced (1/V^2, 1/(2V), 1) weights (eq. 12's w_D),
-  # an image head of 3 residual blocks, eq. 16 starting as eq. 13.
-  config_keys.add(c, 'uniclip')
-  c.uniclip.aug_features = 64  # f_A: the digits need less than 128
-  c.uniclip.aug_hidden = 64
-
-
-def emoji_demo_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
-  """The tiny model on the bundled emoji hierarchy (``data/emoji.py``).
-
-  OpenMoji glyphs rendered at 64 px, captions drawn per example from five
-  levels of specificity (root, group, subgroup, name, templated name);
-  held-out names are never trained on. Colour is part of many names ('red
-  heart', 'blue heart'), so no colour jitter or grayscale.
-  """
-  c = tiny_demo_config(objective)
-  c.data.name = 'emoji'  # the held-out evaluation follows it
-  if objective == 'prolip':
-    short_run_uncertainty(c, beta=0.3)
-  c.data.jitter_prob = 0.0
-  c.data.grayscale_prob = 0.0
-  # ~1,500 distinct names: a larger vocabulary than the digits' 256.
-  c.tokenizer.vocab_size = 1024
-  c.model.text.vocab_size = 1024
-  return c
-
-
-# The emoji study's length: three times the demo's 600 steps (about 14
-# minutes alone on the 2-core CPU), warm-up kept at a tenth of the run.
-STUDY_STEPS = 1800
-# VIB weight of the ProLIP study, chosen on the validation names and
-# phrasings (docs/small_scale_uncertainty.md); the demo's is 0.3.
-STUDY_BETA = 0.1
-
-
-def emoji_study_config(objective: str = 'prolip') -> ml_collections.ConfigDict:
-  """The emoji study: the demo trained three times longer, on captions whose
-  level cannot be read from their form (``data.captions='paraphrases'``),
-  with a smaller VIB weight for ProLIP.
-
-  It trains on ``'fit'`` (``'train'`` minus the 163 validation names), so
-  that knobs are chosen on ``'val'`` with the validation phrasings, and
-  reports on ``'heldout'`` with the same held-out phrasings for every
-  objective (the SigLIP twin is ``emoji_study_config('siglip')``).
-  """
-  c = emoji_demo_config(objective)
-  c.data.captions = 'paraphrases'
-  c.data.split = 'fit'
-  c.total_steps = STUDY_STEPS
-  c.optim.warmup_steps = STUDY_STEPS // 10
-  if objective == 'prolip':
-    c.loss.beta = STUDY_BETA
-  return c
+  return {'optim.unc_lr_mult': 10.0, 'loss.beta': beta, 'loss.alpha1': 1e-3}

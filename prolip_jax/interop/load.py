@@ -22,6 +22,7 @@ import numpy as np
 
 from prolip_jax import errors
 from prolip_jax import objectives
+from prolip_jax.config import keys as config_keys
 from prolip_jax.config.keys import CLIP_MEAN
 from prolip_jax.config.keys import CLIP_STD
 from prolip_jax.data import image_decode
@@ -93,7 +94,8 @@ class LoadedModel:
 
   def __init__(self, model_config: ModelConfig, params: Any,
                tokenizer: Tokenizer, mean=CLIP_MEAN, std=CLIP_STD,
-               batch_size: int = 64, objective: str = 'prolip',
+               batch_size: int = 64,
+               objective: str = config_keys.default('objective'),
                run_config: Optional[dict] = None, image_view: str = 'default',
                image_order: str = 'rgb_first'):
     self.config = model_config
@@ -235,7 +237,7 @@ def load(path: str, step: Optional[int] = None,
   model = LoadedModel(model_cfg, params, tokenizer,
                       data.get('mean', CLIP_MEAN),
                       data.get('std', CLIP_STD),
-                      objective=run_cfg.get('objective', 'prolip'),
+                      objective=config_keys.get(run_cfg, 'objective'),
                       run_config=run_cfg,
                       image_view=data.get('eval_view', 'default'),
                       image_order=data.get('eval_image_order', 'rgb_first'))

@@ -14,6 +14,7 @@ hook                         used for
 ``wrap_dataset(...)``        extra batch entries (PC-CLIP's difference pairs)
 ``init_extra_params(...)``   parameters beside the towers (UniCLIP's heads)
 ``uses_teacher``             the towers get the parameters' EMA (OTTER)
+``demo_settings``            its settings in the CPU demos (``demos.py``)
 ``local_loss(...)``          the loss over tower outputs, dense or per shard
 ``aux_inputs(...)``          extra per-row tower inputs (ProLIP's masked
                              copies: which rows, their masks)
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -112,9 +113,10 @@ class Objective:
   ``uses_teacher`` (the towers get the train state's moving average of the
   parameters, ``optim.ema_decay``, as ``teacher``; the evaluators then
   score the parameters themselves),
-  ``multi_view`` (several augmented views per image, ``data.num_views``) and
+  ``multi_view`` (several augmented views per image, ``data.num_views``),
   ``exportable`` (the towers alone are the scoring model, so the PyTorch
-  export is complete).
+  export is complete) and ``demo_settings`` (what the CPU demos of
+  ``prolip_jax/demos.py`` set for it beyond what every objective shares).
   """
 
   name: str = ''
@@ -123,6 +125,14 @@ class Objective:
   multi_view: bool = False
   # Whether export to the PyTorch/open_clip layout gives the scoring model.
   exportable: bool = True
+  # The CPU demos with this objective: {demo: {dotted config key: value}},
+  # laid over the settings every objective shares in that demo (demos.py:
+  # 'tiny' on the digits, 'emoji', 'emoji_study'; each demo extends the one
+  # before it, so a setting holds in the later ones too). Its [UNC] tokens
+  # follow ``needs_unc``, the keys it adds (``config_keys.Key.added_by``)
+  # come with their defaults. Settings for a few hundred steps on a CPU,
+  # not the paper's.
+  demo_settings: Mapping[str, Mapping[str, Any]] = {}
 
   # -- configuration and data ------------------------------------------------
 

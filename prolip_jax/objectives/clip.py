@@ -8,11 +8,15 @@ from prolip_jax.losses import clip_loss
 from prolip_jax.losses import clip_loss_blockwise
 from prolip_jax.objectives.base import Objective
 
+# CLIP's initial temperature 0.07 as the model's logit scale a = 1 / 0.07.
+CLIP_SCALE_INIT = 1 / 0.07
+
 
 class CLIPObjective(Objective):
   """Deterministic baseline; the logit bias is carried along unused."""
 
   name = 'clip'
+  demo_settings = {'tiny': {'model.init_logit_scale': CLIP_SCALE_INIT}}
 
   def local_loss(self, loss_cfg, axis_name: Optional[Any] = None):
     del loss_cfg

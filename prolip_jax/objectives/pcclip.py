@@ -139,6 +139,11 @@ class PCCLIPObjective(CLIPObjective):
   """loss = CLIP(img, txt) + ``loss.pcclip_weight`` * eq. 1's term."""
 
   name = 'pcclip'
+  # The demos: CLIP's (the temperature init) and the declared loss.pcclip_*
+  # defaults, i.e. weight 1 and tau = 1 (appendix C.1) and one differing
+  # attribute per T_ij: with the 256-piece demo tokenizer one phrase is
+  # 15-26 tokens, and two would not fit the 32-token context.
+  demo_settings = CLIPObjective.demo_settings
 
   def validate(self, config) -> None:
     super().validate(config)
@@ -149,7 +154,7 @@ class PCCLIPObjective(CLIPObjective):
     if missing:
       raise ValueError(f"objective 'pcclip' needs config.loss.{missing[0]} "
                        f'(all of {LOSS_FIELDS}; defaults in '
-                       "presets.tiny_demo_config('pcclip'))")
+                       "demos.tiny_demo_config('pcclip'))")
     if config.loss.pcclip_weight < 0:
       raise ValueError('loss.pcclip_weight must be >= 0, got '
                        f'{config.loss.pcclip_weight}')

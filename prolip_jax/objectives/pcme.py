@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import jax
 
+from prolip_jax.config import paper
 from prolip_jax.losses import pcme_pml_loss
 from prolip_jax.losses import pcme_pml_loss_blockwise
 from prolip_jax.losses import vib_loss
@@ -18,6 +19,9 @@ class PCMEObjective(Objective):
 
   name = 'pcme'
   needs_unc = True
+  # PCME++'s release inits a = 5, b = 5 (the model stores log a).
+  demo_settings = {'tiny': {'model.init_logit_scale': paper.PCME_SCALE_INIT,
+                            'model.init_logit_bias': paper.PCME_BIAS_INIT}}
 
   def local_loss(self, loss_cfg, axis_name: Optional[Any] = None):
     beta = float(loss_cfg.beta)

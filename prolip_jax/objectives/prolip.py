@@ -14,6 +14,7 @@ from typing import Any, Optional
 import jax
 
 from prolip_jax import sharding as shd
+from prolip_jax.config import presets
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import prolip_loss
 from prolip_jax.losses import prolip_loss_blockwise
@@ -61,6 +62,12 @@ class ProLIPObjective(Objective):
 
   name = 'prolip'
   needs_unc = True
+  # sigma^2 in a few hundred steps (presets.short_run_uncertainty), with the
+  # VIB weight chosen per demo on the validation names and phrasings
+  # (docs/small_scale_uncertainty.md).
+  demo_settings = {'tiny': presets.short_run_uncertainty(beta=0.1),
+                   'emoji': presets.short_run_uncertainty(beta=0.3),
+                   'emoji_study': {'loss.beta': 0.1}}
 
   def validate(self, config) -> None:
     super().validate(config)

@@ -193,6 +193,19 @@ class UniCLIPObjective(Objective):
 
   name = 'uniclip'
   multi_view = True
+  # The digits: the paper's positive group of 3 views + 1 caption. Views
+  # must differ (image-image positives) and the head must see how: crops
+  # and, since grey digits have no colour, brightness/contrast jitter only
+  # (saturation/hue factors stay at identity). The other uniclip.* keys at
+  # their declared defaults: balanced (1/V^2, 1/(2V), 1) weights (eq. 12's
+  # w_D), an image head of 3 residual blocks, eq. 16 starting as eq. 13.
+  demo_settings = {'tiny': {'data.num_views': 3,
+                            'data.crop_scale': (0.6, 1.0),
+                            'data.jitter': (0.4, 0.4, 0.0, 0.0),
+                            'data.jitter_prob': 0.8,
+                            # f_A: the digits need less than 128.
+                            'uniclip.aug_features': 64,
+                            'uniclip.aug_hidden': 64}}
   # The PyTorch/open_clip layout has no place for the heads.
   exportable = False
 

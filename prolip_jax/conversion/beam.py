@@ -1,17 +1,18 @@
-"""The converters of ``converters`` as Apache Beam pipelines.
+"""The converters of ``webdataset`` and ``image_folder`` as Apache Beam
+pipelines.
 
 The same inputs (webdataset tars; an image folder plus a CSV / JSONL
 captions file), the same array_record shards, the same per-reason skip
-counts and the same ``summary.json`` as ``converters.convert_webdataset``
-and ``converters.convert_folder``, on any Beam runner: the DirectRunner on
+counts and the same ``summary.json`` as ``webdataset.convert_webdataset``
+and ``image_folder.convert_folder``, on any Beam runner: the DirectRunner on
 one machine, Dataflow, Flink or Spark on many (flags in docs/data.md). A
-record is judged by the same functions (``converters.example_record``,
-``converters.entry_records``), so there is one definition of a good record.
+record is judged by the same functions (``webdataset.example_record``,
+``image_folder.entry_records``), so there is one definition of a good record.
 
 Determinism: the output is a pure function of the input, never of worker
 scheduling or retries.
 
-* Tars: one output shard per input tar (``converters.output_name``), its
+* Tars: one output shard per input tar (``webdataset.output_name``), its
   records in the tar's order, as the one-machine converter writes them. A
   tar is the unit of work (a bundle element): at web scale there are far
   more tars than workers (DataComp-1B: ~128k tars of 10k pairs), and moving
@@ -51,7 +52,9 @@ import uuid
 from typing import Any, Callable, Optional, Sequence
 
 from prolip_jax import errors
-from prolip_jax.data import converters
+from prolip_jax.conversion import common
+from prolip_jax.conversion import image_folder
+from prolip_jax.conversion import webdataset
 from prolip_jax.data import record_format
 from prolip_jax.data import record_sources
 
@@ -221,12 +224,12 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
       if glob_lib.has_magic(path):
         found = sorted(m.path for m in fs.match([path])[0].metadata_list)
         if not found:
-          raise converters.ConversionError(f'no tar shards match {path!r}')
+          raise common.ConversionError(f'no tar shards match {path!r}')
         tars.extend(found)
       elif fs.exists(path):
         tars.append(path)
       else:
-        raise converters.ConversionError(f'no such tar shard: {path}')
+        raise common.ConversionError(f'no such tar shard: {path}')
   return tars
 
 
@@ -244,7 +247,7 @@ def _resumed_summary(out_path: str) -> dict:
 
 class _ConvertTar:
   """tar path -> its shard written whole, plus ``.done``; yields the shard's
-  summary (``converters.convert_tar``'s, or its failure's for a tar that
+  summary (``webdataset.convert_tar``'s, or its failure's for a tar that
   cannot be read to its end). Wrapped in a ``beam.DoFn`` by
   ``_convert_tar_fn``."""
 
@@ -257,20 +260,20 @@ class _ConvertTar:
   def __call__(self, tar_path: str) -> dict:
     fs = _filesystems()
     from apache_beam.io.filesystem import CompressionTypes  # pylint: disable=g-import-not-at-top
-    out = _join(self.output_dir, converters.output_name(tar_path))
+    out = _join(self.output_dir, webdataset.output_name(tar_path))
     try:
       with _staged_shard(out) as writer:
         # Raw bytes: tarfile's 'r|*' undoes a .tar.gz's compression itself.
         with fs.open(tar_path,
                      compression_type=CompressionTypes.UNCOMPRESSED) as f:
-          counts = converters.write_tar_records(
+          counts = webdataset.write_tar_records(
               tar_path, _FaultyWriter(writer, self.fault, tar_path),
               self.max_record_bytes, fileobj=f)
-    except converters.CorruptTarError as e:
+    except webdataset.CorruptTarError as e:
       # The user's to fix: reported in the summary (no shard, no marker) and
       # the conversion fails once every tar has run. Anything else (a bug,
       # a transient I/O error) raises, and the runner retries the bundle.
-      return converters.failed_shard_summary(tar_path, out, e)
+      return webdataset.failed_shard_summary(tar_path, out, e)
     self.fault('committed', tar_path)
     summary = counts.as_dict(input=tar_path, output=out)
     _write_json(out + record_format.DONE_SUFFIX, summary)
@@ -308,19 +311,19 @@ def _collect(path: str) -> Any:
 
 def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
                        max_record_bytes: int = (
-                           converters.DEFAULT_MAX_RECORD_BYTES),
+                           common.DEFAULT_MAX_RECORD_BYTES),
                        pipeline_args: Sequence[str] = (),
                        fault: Optional[Callable[[str, str], None]] = None
                        ) -> dict:
-  """``converters.convert_webdataset`` on Beam: the same shards, markers,
+  """``webdataset.convert_webdataset`` on Beam: the same shards, markers,
   summary and errors. ``pipeline_args``: Beam's options (``--runner``,
   ``--direct_num_workers``, ...). ``fault``: a test hook (``FailOnce``)."""
   beam = require_beam()
   if isinstance(inputs, str):
     inputs = [inputs]
   tars = expand_inputs(inputs)
-  names = [converters.output_name(t) for t in tars]
-  converters.check_distinct_names(names)
+  names = [webdataset.output_name(t) for t in tars]
+  webdataset.check_distinct_names(names)
   created = _is_local(output_dir) and not os.path.exists(output_dir)
   if _is_local(output_dir):
     os.makedirs(output_dir, exist_ok=True)
@@ -349,13 +352,13 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
     _run(pipeline_args, build)
     shards = {_filesystems().split(s['output'])[1]: s
               for s in _collect(pending)}
-    summary = converters.webdataset_summary(shards, inputs, len(tars),
+    summary = webdataset.webdataset_summary(shards, inputs, len(tars),
                                             len(todo))
-  except converters.ConversionError:
+  except common.ConversionError:
     if created and not os.listdir(output_dir):
       os.rmdir(output_dir)  # ours, and nothing came of it
     raise
-  _write_json(_join(output_dir, converters.SUMMARY_FILE), summary)
+  _write_json(_join(output_dir, common.SUMMARY_FILE), summary)
   return summary
 
 
@@ -363,8 +366,8 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
 # An image folder plus a captions file.
 
 
-class _EntryPositions(converters.Counts):
-  """``converters.Counts`` that also notes where in the captions file each
+class _EntryPositions(common.Counts):
+  """``common.Counts`` that also notes where in the captions file each
   skipped line was (before entry ``entries``), so the Beam conversion can
   list skipped examples in file order as ``convert_folder`` does."""
 
@@ -379,10 +382,10 @@ class _EntryPositions(converters.Counts):
 
 def _read_entries(captions_path: str) -> tuple[list, _EntryPositions]:
   """[(entry index, image path, captions)] of a captions file, and its
-  malformed lines (``converters.read_captions_file``)."""
+  malformed lines (``image_folder.read_captions_file``)."""
   tally = _EntryPositions()
   entries = []
-  for rel, captions in converters.read_captions_file(captions_path, tally):
+  for rel, captions in image_folder.read_captions_file(captions_path, tally):
     entries.append((len(entries), rel, list(captions)))
     tally.entries = len(entries)
   return entries, tally
@@ -421,7 +424,7 @@ class _CheckEntry:
   def __call__(self, entry):
     index, rel, captions = entry
     image = self._image(rel)
-    verdicts = converters.entry_records(rel, image, captions,
+    verdicts = image_folder.entry_records(rel, image, captions,
                                         self.max_record_bytes)
     return [(index // self.block, (index, j, data, reason, rel))
             for j, (data, reason) in enumerate(verdicts)]
@@ -468,7 +471,7 @@ class _WriteFolderShard:
 
   def __call__(self, kv) -> tuple[str, dict]:
     index, ranked = kv
-    name = converters.shard_name(index)
+    name = image_folder.shard_name(index)
     out = _join(self.output_dir, name)
     with _staged_shard(out) as writer:
       faulty = _FaultyWriter(writer, self.fault, name)
@@ -494,22 +497,22 @@ def _write_folder_results(_, skips: list, shards: list, path: str):
 def convert_folder(images_dir: str, captions_path: str, output_dir: str,
                    shard_size: int = 10000,
                    max_record_bytes: int = (
-                       converters.DEFAULT_MAX_RECORD_BYTES),
+                       common.DEFAULT_MAX_RECORD_BYTES),
                    pipeline_args: Sequence[str] = (),
                    fault: Optional[Callable[[str, str], None]] = None
                    ) -> dict:
-  """``converters.convert_folder`` on Beam: the same shards, markers,
+  """``image_folder.convert_folder`` on Beam: the same shards, markers,
   summary and errors. The captions file is read here (local); the images
   are read and checked by the workers. ``fault``: a test hook."""
   beam = require_beam()
   if shard_size <= 0:
     raise errors.ConfigError(f'shard_size must be positive, not {shard_size}')
   if not os.path.isfile(captions_path):
-    raise converters.ConversionError(
+    raise common.ConversionError(
         f'captions file {captions_path} '
         f'{"is a folder" if os.path.exists(captions_path) else "does not exist"}')
   if _is_local(images_dir) and not os.path.isdir(images_dir):
-    raise converters.ConversionError(
+    raise common.ConversionError(
         f'images folder {images_dir} '
         f'{"is a file" if os.path.exists(images_dir) else "does not exist"}')
   entries, tally = _read_entries(captions_path)
@@ -547,14 +550,14 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
   results = _collect(pending)
   if created and not results['shards'] and not os.listdir(output_dir):
     os.rmdir(output_dir)  # ours, and nothing came of it
-  counts = converters.Counts()
+  counts = common.Counts()
   counts.seen = tally.seen + sum(len(c) for _, _, c in entries)
   skipped = sorted([tuple(s[0]), s[1], s[2]] for s in results['skips'])
   for _, reason, key in sorted(skipped + [list(s) for s in tally.line_skips]):
     counts.skip(reason, key)
   shards = dict(results['shards'])
   counts.written = sum(s['records_written'] for s in shards.values())
-  summary = converters.folder_summary(counts, images_dir, captions_path,
+  summary = image_folder.folder_summary(counts, images_dir, captions_path,
                                       shards)
-  _write_json(_join(output_dir, converters.SUMMARY_FILE), summary)
+  _write_json(_join(output_dir, common.SUMMARY_FILE), summary)
   return summary
