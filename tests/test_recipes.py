@@ -19,7 +19,7 @@ from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.config import presets
 from prolip_jax.config import sizes
-from prolip_jax.evaluation import bundled
+from prolip_jax.data.sources import digits as digits_source
 from prolip_jax.evaluation import encoders as encoders_lib
 from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import kinds
@@ -82,7 +82,7 @@ def test_a_new_evaluator_kind_is_one_file_and_a_config_entry(
   (e,) = evaluator.build(evals, encoders)
   result = e.run(model.params, str(tmp_path / 'out'), log=lambda _: None)
   # Independent: the loaded model's own host path over the same images.
-  images = bundled.digits_data('heldout', per_class=3).images
+  images = digits_source.digits_data('heldout', per_class=3).images
   _, logvar = model.encode_image(images)
   np.testing.assert_allclose(result.metrics['sigma2'],
                              2.0 * np.exp(logvar).mean(), rtol=1e-5)
