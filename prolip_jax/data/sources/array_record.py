@@ -17,7 +17,7 @@ from prolip_jax.data.sources import base
 from prolip_jax.data.sources import views
 
 
-class ArrayRecordSource(base.RecordSource):
+class ArrayRecordShards(base.RecordSource):
   """Shards of records, trained on or scored for retrieval."""
 
   name = 'array_record'

@@ -54,7 +54,7 @@ def digits_data(split: str = 'heldout', per_class: int = 0,
       captions=caps, level_names=LEVEL_NAMES)
 
 
-class DigitsSource(base.BundledSource):
+class BundledDigits(base.BundledSource):
   """The bundled MNIST digits, trained on and evaluated."""
 
   name = 'digits'

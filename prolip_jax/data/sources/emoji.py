@@ -41,7 +41,7 @@ def emoji_data(split: str = 'heldout', size: int = 64,
       level_names=emoji.LEVEL_NAMES)
 
 
-class EmojiSource(base.BundledSource):
+class BundledEmoji(base.BundledSource):
   """The bundled emoji, trained on and evaluated."""
 
   name = 'emoji'

@@ -17,7 +17,7 @@ from prolip_jax.data.sources import base
 from prolip_jax.data.sources import views
 
 
-class FolderSource(base.Source):
+class ClassFolders(base.Source):
   """Class folders of images (evaluation only)."""
 
   name = 'folder'

@@ -15,7 +15,7 @@ from prolip_jax.data.sources import base
 from prolip_jax.data.sources import views
 
 
-class JsonlSource(base.Source):
+class JsonlCaptions(base.Source):
   """Captioned images listed in a JSONL file (evaluation only)."""
 
   name = 'jsonl'

@@ -21,12 +21,12 @@ def entry_fields() -> tuple[str, ...]:
   declares."""
   fields = {'name'}
   for name in sources.names('train'):
-    if name != MixtureSource.name:
+    if name != WeightedMixture.name:
       fields.update(sources.get(name).KEYS)
   return ('name', *sorted(fields - {'name'}))
 
 
-class MixtureSource(base.Source):
+class WeightedMixture(base.Source):
   """The ``mixture.Mixture`` of ``data.sources`` and the corpus of all its
   sources' captions."""
 

@@ -34,7 +34,7 @@ def name_and_split(rest: str) -> tuple[str, str]:
   return name, split or default
 
 
-class TfdsSource(base.RecordSource):
+class TfdsDataset(base.RecordSource):
   """A prepared TFDS data set, trained on or evaluated."""
 
   name = 'tfds'
