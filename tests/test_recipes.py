@@ -141,8 +141,8 @@ class StripesSource(base.Source):
                                    DATA)}
 
   def train_records(self, config, data, where):
-    size = int(self.get(data, 'stripes_size'))
-    n = 4 * int(self.get(data, 'stripes_per_count'))
+    size = int(self.value(data, 'stripes_size'))
+    n = 4 * int(self.value(data, 'stripes_per_count'))
     records = [{'image': draw(1 + i % 4, size),
                 'caption': f'{NAMES[i % 4]} stripes'} for i in range(n)]
     return records, lambda: [r['caption'] for r in records]

@@ -81,9 +81,10 @@ def _view_name(key: str) -> str:
 class Label(NamedTuple):
   """How an evaluator kind's metric keys matching ``pattern`` (matched in
   full) are shown: ``text`` (``str.format`` with the match's groups) and
-  the value in ``fmt``. A group is spelt by ``names`` (the kind's own
-  words), else 'CSD' for ``csd``, a view key as the uncertainty report's
-  view ('image, 75% patches dropped'), else as it is."""
+  the value in ``fmt`` (``pct``, ``number``, ``signed``, ``count``...).
+  A group holding '_' is a view key, shown as the uncertainty report's
+  view ('image, 75% patches dropped'); ``csd`` is 'CSD'; other groups as
+  ``names`` (the kind's own words) spells them, else as they are."""
   pattern: str
   text: str
   fmt: Callable[[Any], str]

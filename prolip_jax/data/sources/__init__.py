@@ -42,6 +42,7 @@ import functools
 import importlib
 import inspect
 import pkgutil
+import types
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from prolip_jax import errors
@@ -50,6 +51,7 @@ from prolip_jax.data.sources.base import Source
 from prolip_jax.data.sources.base import value
 
 
+# Cached per ``__path__``: a folder appended to it makes another registry.
 @functools.lru_cache(maxsize=None)
 def _discover(path: tuple[str, ...]) -> Mapping[str, Source]:
   found: dict[str, Source] = {}
@@ -61,7 +63,7 @@ def _discover(path: tuple[str, ...]) -> Mapping[str, Source]:
         if cls.name in found:
           raise ImportError(f'two sources named {cls.name!r}')
         found[cls.name] = cls()
-  return found
+  return types.MappingProxyType(dict(sorted(found.items())))
 
 
 def registry() -> Mapping[str, Source]:

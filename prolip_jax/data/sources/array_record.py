@@ -25,7 +25,7 @@ class ArrayRecordShards(base.RecordSource):
   LOCAL_PATH = True
 
   def open_records(self, data, where):
-    path = self.get(data, 'path')
+    path = self.value(data, 'path')
     if not path:
       raise ValueError(f"{where}.name='array_record' needs {where}.path (a "
                        'glob of .array_record shards)')

@@ -52,14 +52,14 @@ def declared(*fields: str) -> dict[str, config_keys.Key]:
   return {f: config_keys.KEYS[f'data.{f}'] for f in fields}
 
 
-def value(data: Any, field: str, keys: Mapping[str, config_keys.Key] = {}
-          ) -> Any:  # pylint: disable=dangerous-default-value
+def value(data: Any, field: str,
+          keys: Optional[Mapping[str, config_keys.Key]] = None) -> Any:
   """``data``'s value of ``field``, or its declared default (``keys``'s
   declaration, else ``data.<field>``'s): a data-only config, or one stored
   by an older version, may lack it."""
   if field in data:
     return data[field]
-  declaration = keys.get(field) or config_keys.KEYS[f'data.{field}']
+  declaration = (keys or {}).get(field) or config_keys.KEYS[f'data.{field}']
   return declaration.default
 
 
@@ -80,7 +80,7 @@ class Source:
     method = METHODS[view]
     return getattr(type(self), method) is not getattr(Source, method)
 
-  def get(self, data: Any, field: str) -> Any:
+  def value(self, data: Any, field: str) -> Any:
     """``data``'s value of ``field`` or its declared default."""
     return value(data, field, self.KEYS)
 
@@ -141,7 +141,7 @@ class RecordSource(Source):
     raise NotImplementedError
 
   def train_records(self, config, data, where):
-    max_sentences = int(self.get(data, 'tokenizer_max_sentences'))
+    max_sentences = int(self.value(data, 'tokenizer_max_sentences'))
     raw = self.open_records(data, where)
     return checked(raw, config, data), lambda: record_sources.caption_corpus(
         raw, max_sentences)

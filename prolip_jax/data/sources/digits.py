@@ -61,8 +61,8 @@ class BundledDigits(base.BundledSource):
   KEYS = base.declared('split', 'captions')
 
   def train_records(self, config, data, where):
-    captions = self.get(data, 'captions')
-    return (digits.records(self.get(data, 'split'), captions),
+    captions = self.value(data, 'captions')
+    return (digits.records(self.value(data, 'split'), captions),
             lambda: digits.tokenizer_corpus(captions))
 
   def in_memory(self, rest, cfg):

@@ -48,8 +48,8 @@ class BundledEmoji(base.BundledSource):
   KEYS = base.declared('split', 'render_size', 'captions')
 
   def train_records(self, config, data, where):
-    split, captions = self.get(data, 'split'), self.get(data, 'captions')
-    return (emoji.records(split, self.get(data, 'render_size'), captions),
+    split, captions = self.value(data, 'split'), self.value(data, 'captions')
+    return (emoji.records(split, self.value(data, 'render_size'), captions),
             lambda: emoji.tokenizer_corpus(split, captions))
 
   def in_memory(self, rest, cfg):

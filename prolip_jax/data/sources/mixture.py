@@ -34,7 +34,7 @@ class WeightedMixture(base.Source):
   KEYS = base.declared('sources')
 
   def train_records(self, config, data, where):
-    entries = mixture.entries(self.get(data, 'sources') or {})
+    entries = mixture.entries(self.value(data, 'sources') or {})
     if not entries:
       raise errors.ConfigError(f'{where}.sources is empty: name the sources '
                                "to mix, e.g. {'a': dict(name='digits', "

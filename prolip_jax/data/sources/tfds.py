@@ -43,14 +43,14 @@ class TfdsDataset(base.RecordSource):
       'tfds_caption_key')}
 
   def open_records(self, data, where):
-    tfds_name = self.get(data, 'tfds_name')
+    tfds_name = self.value(data, 'tfds_name')
     if not tfds_name:
       raise ValueError(f"{where}.name='tfds' needs {where}.tfds_name")
     return record_sources.tfds_source(
-        tfds_name, split=self.get(data, 'tfds_split'),
-        data_dir=self.get(data, 'tfds_data_dir') or None,
-        image_key=self.get(data, 'tfds_image_key'),
-        caption_key=self.get(data, 'tfds_caption_key'))
+        tfds_name, split=self.value(data, 'tfds_split'),
+        data_dir=self.value(data, 'tfds_data_dir') or None,
+        image_key=self.value(data, 'tfds_image_key'),
+        caption_key=self.value(data, 'tfds_caption_key'))
 
   def zero_shot_set(self, rest, cfg):
     name, split = name_and_split(rest)
