@@ -3,8 +3,8 @@
 
 ``config/`` sits below the packages that define the registries (they import
 it), so a key names its registry and this module, above both, lists it:
-``objectives`` (one module of ``objectives/`` each), ``sources`` (the data
-sources of ``data/sources.py``) and ``evaluator kinds`` (one module of
+``objectives`` (one module of ``objectives/`` each), ``sources`` (the training
+sources of ``data/sources/``) and ``evaluator kinds`` (one module of
 ``evaluation/kinds/`` each). A registry is imported when it is asked for,
 so that importing this module (``main.py`` does) costs nothing.
 """
@@ -23,7 +23,7 @@ def _objectives() -> tuple[str, ...]:
 
 def _sources() -> tuple[str, ...]:
   from prolip_jax.data import sources  # pylint: disable=g-import-not-at-top
-  return tuple(sources.SOURCES)
+  return sources.names('train')
 
 
 def _evaluator_kinds() -> tuple[str, ...]:

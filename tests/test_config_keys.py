@@ -106,7 +106,7 @@ def test_registries_list_what_their_packages_hold():
   assert set(registries.names('evaluator kinds')) == {
       f[:-3] for f in os.listdir(kinds_dir)
       if f.endswith('.py') and f != '__init__.py'}
-  assert registries.names('sources') == tuple(sources.SOURCES)
+  assert registries.names('sources') == sources.names('train')
   assert {'digits', 'emoji'} <= set(registries.names('sources'))
 
 
@@ -141,7 +141,7 @@ def test_print_config_lists_each_registry_from_itself(monkeypatch):
             for key in ('objective', 'data.name', 'evals.eval.kind')}
   assert listed == {
       'objective': list(objectives.OBJECTIVES),
-      'data.name': list(sources.SOURCES),
+      'data.name': list(sources.names('train')),
       'evals.eval.kind': list(evaluator.kind_names())}
   assert lines['objective'].endswith('[fixed on resume]')
   assert '(one of' not in config_help.describe(config)

@@ -579,6 +579,20 @@ def test_train_source_errors():
   with pytest.raises(ValueError, match='unknown data.name'):
     sources.train_source(ml_collections.ConfigDict({'data': {'name': 'x'}}))
   assert sources.bad_record_stats([]) is None
+  # One registry, one spelling: a source evaluation reads is named the same
+  # in training, which says what it reads instead.
+  assert sources.names('train') == ('array_record', 'digits', 'emoji',
+                                    'mixture', 'tfds')
+  with pytest.raises(errors.ConfigError, match=(
+      r"data.name='folder' is evaluation data only; training reads "
+      r'array_record, digits, emoji, mixture, tfds')):
+    sources.train_source(ml_collections.ConfigDict({'data': {
+        'name': 'folder'}}))
+  with pytest.raises(errors.ConfigError, match="did you mean 'tfds'"):
+    sources.train_source(ml_collections.ConfigDict({'data': {'name': 'tfd'}}))
+  with pytest.raises(errors.ConfigError, match='data.sources is empty'):
+    sources.train_source(ml_collections.ConfigDict({'data': {
+        'name': 'mixture'}}))
 
 
 # ----------------------------------------------------------------------------

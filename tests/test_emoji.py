@@ -24,10 +24,10 @@ from prolip_jax.data import emoji
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
 from prolip_jax.embedding import normalize_images
-from prolip_jax.evaluation import bundled
 from prolip_jax.evaluation import encoders as encoders_lib
 from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import report
+from prolip_jax.evaluation import sets
 from prolip_jax.training import loop_evals
 from prolip_jax.training import train
 
@@ -292,7 +292,7 @@ def _loop_evaluations(monkeypatch, encoders) -> loop_evals.LoopEvaluations:
 
 
 def test_eval_data_and_train_time_heldout(monkeypatch):
-  data = bundled.load_data(ml_collections.ConfigDict({'dataset': 'emoji'}))
+  data = sets.bundled_data(ml_collections.ConfigDict({'data': 'emoji'}))
   items = emoji.split('heldout')
   assert data.images.shape == (len(items), 64, 64, 3)
   np.testing.assert_array_equal(data.labels, np.arange(len(items)))
@@ -414,6 +414,5 @@ def test_digits_fit_and_val_partition_train():
   val, _ = sources.train_source(config)
   assert len(val) == 400
   np.testing.assert_array_equal(val[0]['image'][..., 0], val_x[0])
-  data = bundled.load_data(ml_collections.ConfigDict(
-      {'dataset': 'digits', 'split': 'val'}))
+  data = sets.bundled_data(ml_collections.ConfigDict({'data': 'digits:val'}))
   assert len(data.images) == 400 and data.name == 'digits-val'

@@ -303,6 +303,32 @@ def test_bad_entries_are_config_errors(raw, message):
     evaluator.entries({'ok': {'kind': 'heldout'}, 'e': raw})
 
 
+def test_a_view_a_source_does_not_serve_names_the_sources_that_do():
+  """The same registry as training's: each view lists its sources."""
+  def entry(data):
+    return ml_collections.ConfigDict({'data': data})
+  with pytest.raises(errors.ConfigError, match=(
+      r'jsonl data has no class labels \(zero-shot reads digits:, emoji:, '
+      r'folder:, tfds:\)')):
+    sets.zero_shot_set(entry('jsonl:/x.jsonl'))
+  with pytest.raises(errors.ConfigError, match=(
+      r'folder data has no captions \(retrieval reads array_record:, '
+      r'digits:, emoji:, jsonl:, tfds:\)')):
+    sets.retrieval_set(entry('folder:/x'))
+  with pytest.raises(errors.ConfigError, match=(
+      r'tfds data is not a bundled set \(this evaluator reads digits:, '
+      r'emoji:\)')):
+    sets.bundled_data(entry('tfds:cifar10'))
+  with pytest.raises(errors.ConfigError, match=(
+      r"expected one of array_record:\.\.\., digits:\.\.\., "
+      r"emoji:\.\.\., folder:\.\.\., jsonl:\.\.\., tfds:\.\.\. "
+      r"\(did you mean 'emoji'\?\)")):
+    sets.parse('emoj:heldout')  # the mixture is training's alone
+  assert sets.bundled() == ('digits', 'emoji')
+  assert sets.available(entry('jsonl:/no/such.jsonl')) == (
+      'jsonl:/no/such.jsonl: no file /no/such.jsonl')
+
+
 def test_bundled_report_entries_share_the_top_level_settings():
   """configs/eval/digits.py: every entry reads ``data``, ``per_class``,
   ``batch_size``... by reference, so one override reaches all."""

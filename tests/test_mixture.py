@@ -15,6 +15,7 @@ from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
 from prolip_jax.config import keys as config_keys
 from prolip_jax.config import presets
+from prolip_jax.data import digits
 from prolip_jax.data import mixture
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
@@ -223,7 +224,7 @@ def test_digits_and_array_record_mix_by_weight(tmp_path):
                 digits={'name': 'digits', 'weight': 0.7, 'split': 'val'})
   source, _ = sources.train_source(cfg)
   assert source.labels == ('digits', 'red')
-  assert len(source.sources[0]) == len(sources.digits.split('val')[1])
+  assert len(source.sources[0]) == len(digits.split('val')[1])
   ds = pipeline.train_dataset(
       source, tokenizer=_tokens, image_size=16, global_batch_size=16,
       seed=0, augment=transforms.AugmentConfig(color_on_device=True))

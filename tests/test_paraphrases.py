@@ -19,7 +19,8 @@ from prolip_jax.data import paraphrases
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
 from prolip_jax.data import transforms
-from prolip_jax.evaluation import bundled
+from prolip_jax.data.sources import digits as digits_source
+from prolip_jax.evaluation import sets
 
 # sha256 (first 16 hex digits) of json.dumps of today's output, taken on the
 # code before the paraphrase pools existed: the default must not move.
@@ -109,7 +110,7 @@ def test_default_captions_records_and_corpus_are_todays():
   assert _digest(emoji.training_captions(emoji.split('train'))) == (
       BEFORE['emoji captions train'])
   assert digits.tokenizer_corpus('templates') == digits.tokenizer_corpus()
-  data = bundled.digits_data('heldout')
+  data = digits_source.digits_data('heldout')
   assert _digest(data.captions) == BEFORE['digits captions heldout']
   assert data.name == 'digits-heldout'
 
@@ -201,8 +202,8 @@ def _check_heldout_captions(captions, contents_of, level_of, levels):
 
 
 def test_heldout_phrasings_eval_data_digits():
-  default = bundled.digits_data('heldout', per_class=3)
-  data = bundled.digits_data('heldout', per_class=3, phrasings='heldout')
+  default = digits_source.digits_data('heldout', per_class=3)
+  data = digits_source.digits_data('heldout', per_class=3, phrasings='heldout')
   assert data.name == 'digits-heldout-heldout-phrasings'
   np.testing.assert_array_equal(data.images, default.images)
   assert len(data.captions[0]) == len(default.captions[0]) == len(
@@ -224,9 +225,8 @@ def test_heldout_phrasings_eval_data_emoji(monkeypatch):
   # Only the captions are under test: skip drawing the glyphs.
   monkeypatch.setattr(emoji, 'images', lambda split, size: np.zeros(
       (len(emoji.split(split)), size, size, 3), np.uint8))
-  cfg = ml_collections.ConfigDict({'dataset': 'emoji',
-                                   'phrasings': 'heldout'})
-  data = bundled.load_data(cfg)
+  cfg = ml_collections.ConfigDict({'data': 'emoji', 'phrasings': 'heldout'})
+  data = sets.bundled_data(cfg)
   items = emoji.split('heldout')
   assert data.name == 'emoji-heldout-heldout-phrasings'
   assert data.level_names == emoji.LEVEL_NAMES
@@ -239,8 +239,7 @@ def test_heldout_phrasings_eval_data_emoji(monkeypatch):
   training = {c for pools in emoji.paraphrase_pools_for(items) for p in pools
               for c in p}
   assert not training & {c for caps in data.captions for c in caps}
-  default = bundled.load_data(ml_collections.ConfigDict(
-      {'dataset': 'emoji'}))
+  default = sets.bundled_data(ml_collections.ConfigDict({'data': 'emoji'}))
   assert _digest(default.captions) == BEFORE['emoji captions heldout']
 
 
@@ -251,8 +250,8 @@ def test_bad_values_are_config_errors():
     with pytest.raises(errors.ConfigError, match='data.captions'):
       sources.train_source(ml_collections.ConfigDict({'data': data}))
   with pytest.raises(errors.ConfigError, match='data.phrasings'):
-    bundled.load_data(ml_collections.ConfigDict(
-        {'dataset': 'digits', 'phrasings': 'validation'}))
+    sets.bundled_data(ml_collections.ConfigDict(
+        {'data': 'digits', 'phrasings': 'validation'}))
 
 
 def test_study_configs_are_twins_at_one_budget():

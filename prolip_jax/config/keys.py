@@ -233,7 +233,7 @@ KEYS: dict[str, Key] = {
     # -- data
     'data.name': Key('digits', 'the training data source', DATA,
                      choices='sources'),
-    # An open subtree read by data/sources.py (mixture.py). An entry's
+    # An open subtree read by data/sources/mixture.py. An entry's
     # weight is SOURCE_WEIGHT (may change on resume), its data.* fields are
     # declared as data's own (ENTRY_FIELDS_OF); adding or removing a source
     # is fixed (docs/config_and_resume.md).

@@ -1,9 +1,10 @@
 """Weighted mixtures of training sources (``config.data.sources``).
 
 ``data.sources`` is a mapping ``{label: {name, weight, ...}}``: each entry is
-one source of ``sources.SOURCES`` with its own ``data.*`` source fields
-(``path``, ``split``, ``tfds_name``, ...; the ones it omits are ``data``'s)
-and a positive ``weight``. The sources are mixed with Grain's own mixing,
+one training source of ``data/sources/`` with its own ``data.*`` source
+fields (``path``, ``split``, ``tfds_name``, ...: the keys the sources
+declare; the ones it omits are ``data``'s) and a positive ``weight``
+(``sources/mixture.py`` builds the ``Mixture``). The sources are mixed with Grain's own mixing,
 ``grain.MapDataset.mix``, whose interleave is deterministic arithmetic on
 the mixed index (no random draws): with integer proportions ``p`` (Grain
 scales the weights so that the smallest is 100 and truncates, e.g. 0.7 and

@@ -14,13 +14,15 @@ a loaded model.
 * ``encoders``: the one way to embed: a model's encoders on every device
   and host, the parameters passed at each call.
 * ``sets``: the data an entry names (``tfds:``, ``folder:``, ``jsonl:``,
-  ``array_record:``, the bundled ``digits`` / ``emoji``); ``bundled``: the
-  bundled sets in memory (``EvalData``); ``in_memory``: the base of the
-  kinds that score them.
+  ``array_record:``, the bundled ``digits`` / ``emoji``), each a source of
+  ``prolip_jax/data/sources/`` (the registry training reads too) asked for
+  its view (the bundled sets are held in memory: ``EvalData``);
+  ``in_memory``: the base of the kinds that score those.
 * ``metrics``: pure scores over embeddings (CSD / cosine zero-shot, top-k,
   retrieval recall); ``prompts``: the one prompt ensemble;
   ``uncertainty``: sigma^2 statistics, partial views and the figures of
   paper 4.3.
 * ``runner``: what ``python -m prolip_jax.evaluate`` runs (``cli``: its
-  flags); ``report``: every printed report (one set of units and labels).
+  flags); ``report``: every printed report (one set of units; each kind's labels
+  are declared beside it, ``Evaluator.LABELS``).
 """

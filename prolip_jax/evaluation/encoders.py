@@ -14,8 +14,9 @@ whatever the number of devices or hosts.
 the parameters as an argument (so a sharded train state is used where it
 lies), the tokenizer and the eval image transform. It is built for a
 training run (``from_training``) or from ``prolip_jax.load``
-(``from_loaded``); images held in memory are an ``ImageSet`` too
-(``in_memory``).
+(``from_loaded``). It embeds an ``ImageSet`` (``data/sources/views.py``:
+the images of a source's evaluation view); images held in memory are one
+too (``in_memory``).
 """
 
 from __future__ import annotations
@@ -32,22 +33,10 @@ import numpy as np
 
 from prolip_jax import sharding as shd
 from prolip_jax.data import pipeline
+from prolip_jax.data.sources.views import ImageSet
 from prolip_jax.embedding import normalize_images
 from prolip_jax.evaluation.uncertainty import keep_indices_for
 from prolip_jax.models import ProLIP
-
-
-@dataclasses.dataclass
-class ImageSet:
-  """Images to embed, read at random: ``get(i)`` -> (image, label).
-
-  The image is a file path, encoded bytes or an ``(h, w, 3)`` uint8 array;
-  the label an int (``-1`` when the set has none). ``get`` runs on Grain's
-  threads, so it must be safe to call from several threads.
-  """
-  name: str
-  size: int
-  get: Callable[[int], tuple[Any, int]]
 
 
 @dataclasses.dataclass

@@ -112,12 +112,16 @@ class Evaluator:
 
   A kind overrides ``evaluate`` (the scores) and declares ``OPTIONS`` (its
   keys beyond ``COMMON``, with their defaults; ``DEFAULTS`` may change a
-  common key's default). ``run`` times it, writes ``out_dir/<name>.json``
+  common key's default) and ``LABELS`` (how ``report.py`` shows its
+  metrics). ``run`` times it, writes ``out_dir/<name>.json``
   and turns ``SkipEvaluator`` into a skipped result.
   """
 
   OPTIONS: dict[str, Any] = {}
   DEFAULTS: dict[str, Any] = {}
+  # How the printed reports show its metric keys (``report.Label``s, the
+  # first that matches a key applies); a key without one is shown as it is.
+  LABELS: tuple = ()
   # Whether ``data`` is required (a kind with a default set says False).
   NEEDS_DATA = True
 
@@ -248,14 +252,14 @@ def complete(name: str, raw: Any) -> ml_collections.ConfigDict:
                              "'tfds:imagenet2012:validation')")
   if raw.get('data'):
     scheme, _ = sets.parse(raw['data'])
-    if scheme not in sets.BUNDLED:
+    if scheme not in sets.bundled():
       for key in _BUNDLED_ONLY:
         # Its default is what a completed entry holds (complete(name,
         # complete(name, raw)) is complete(name, raw): build does it).
         if key in raw and raw[key] != COMMON[key]:
           raise errors.ConfigError(
               f'evals.{name}.{key}: a setting of the bundled sets '
-              f'({", ".join(sets.BUNDLED)}), not of {raw["data"]!r}')
+              f'({", ".join(sets.bundled())}), not of {raw["data"]!r}')
   if int(raw.get('batch_size', 1)) < 1:
     raise errors.ConfigError(f'evals.{name}.batch_size must be >= 1 '
                              f'(got {raw["batch_size"]!r})')

@@ -1,5 +1,5 @@
 """The base of the kinds that score a bundled set held in memory (the
-uncertainty report, BPRW, traversal, filtering): the set (``bundled.EvalData``:
+uncertainty report, BPRW, traversal, filtering): the set (``sets.EvalData``:
 images, labels, captions ordered by hierarchy level), and its images and
 captions embedded through the evaluator's ``Encoders`` (every device), each
 once per run."""
@@ -12,8 +12,8 @@ import numpy as np
 
 from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import sets
-from prolip_jax.evaluation.bundled import EvalData
 from prolip_jax.evaluation.encoders import in_memory
+from prolip_jax.evaluation.sets import EvalData
 
 
 class InMemoryEvaluator(evaluator.Evaluator):

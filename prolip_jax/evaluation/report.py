@@ -15,13 +15,20 @@ grouped as ``R@1/5/10``, the same labels where the same metric appears
 (``zero-shot top-1, CSD``, ``describe``), and sigma^2 labelled as per
 dimension (mean of exp(logvar), what training prints) or as the trace
 tr(Sigma) = sum_d exp(logvar_d) (paper 4.3), small values through
-``number``. A key without a rule keeps its name and is shown as a number.
+``number``. Each evaluator kind declares how its metric keys are shown
+beside itself (``Evaluator.LABELS``, a tuple of ``Label``, in
+``kinds/<kind>.py``); a key without a label keeps its name and is shown as
+a number.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, NamedTuple
+
+from prolip_jax.evaluation import kinds
 
 _METRIC_NAMES = {'csd': 'CSD', 'cosine': 'cosine'}
 
@@ -31,7 +38,9 @@ def pct(x: float) -> str:
   return f'{100 * x:.1f}%'
 
 
-def _num(x: Any) -> str:
+def count(x: Any) -> str:
+  """A count with thousands separators (``12,345``); other numbers as
+  ``number``, 'n/a' for None or NaN (an empty population)."""
   if isinstance(x, bool):
     return str(x)
   if isinstance(x, int):
@@ -41,7 +50,8 @@ def _num(x: Any) -> str:
   return number(x)
 
 
-def _signed(x: float) -> str:
+def signed(x: float) -> str:
+  """A correlation with its sign and two decimals (``+0.42``)."""
   return 'n/a' if x is None or x != x else f'{x:+.2f}'
 
 
@@ -61,10 +71,6 @@ def number(x: Any, digits: int = 3) -> str:
   return f'{mantissa}e{int(exponent)}'
 
 
-def _sigma2(x: float) -> str:
-  return number(x)
-
-
 def _view_name(key: str) -> str:
   """'image_75pct_patches_dropped' -> 'image, 75% patches dropped' (the
   inverse of the uncertainty report's key spelling)."""
@@ -72,96 +78,50 @@ def _view_name(key: str) -> str:
   return f'{kind}, ' + rest.replace('pct', '%').replace('_', ' ')
 
 
-# (suite, key pattern, label (str.format with the match's groups), format).
-# Labels shared with training's summary are spelled as it spells them.
-_RULES: list[tuple[str, str, str, Callable]] = [
-    ('zero_shot', r'(csd|cosine)_top(\d+)', 'zero-shot top-{1}, {0}', pct),
-    ('heldout', r'zeroshot_(csd|cosine)_top(\d+)', 'zero-shot top-{1}, {0}',
-     pct),
-    ('heldout', r'sigma2_img', 'mean sigma^2 per dimension, images',
-     _sigma2),
-    ('heldout', r'sigma2_(captions|prompts)',
-     'mean sigma^2 per dimension, {0}', _sigma2),
-    ('heldout', r'diff_acc', 'difference classification (PC-CLIP eq. 2)',
-     pct),
-    ('heldout', r'diff_acc/(.+)', 'difference classification, {0}', pct),
-    ('uncertainty_report', r'sigma2_per_dim_img_mean',
-     'mean sigma^2 per dimension, images', _sigma2),
-    ('uncertainty_report', r'sigma2_per_dim_txt_mean',
-     'mean sigma^2 per dimension, captions', _sigma2),
-    ('uncertainty_report', r'sigma2_trace_img_mean',
-     'mean sigma^2 = tr(Sigma) (trace), images', _sigma2),
-    ('uncertainty_report', r'sigma2_trace_txt_mean',
-     'mean sigma^2 = tr(Sigma) (trace), captions', _sigma2),
-    # The uncertainty kind names them as training's held-out evaluation.
-    ('uncertainty', r'sigma2_img', 'mean sigma^2 per dimension, images',
-     _sigma2),
-    ('uncertainty', r'sigma2_captions',
-     'mean sigma^2 per dimension, captions', _sigma2),
-    ('uncertainty', r'txt_more_uncertain_than_img',
-     'caption sigma^2 > its image sigma^2', pct),
-    ('uncertainty', r'spearman_length_sigma2',
-     'Spearman(caption length, sigma^2)', _signed),
-    ('uncertainty_report', r'spearman_level_sigma2', 'Spearman(level, sigma^2)',
-     _signed),
-    ('uncertainty_report', r'level_adjacent_decreasing',
-     'sigma^2 decreasing, adjacent levels', pct),
-    ('uncertainty_report', r'level_chain_decreasing',
-     'sigma^2 decreasing along every level', pct),
-    ('uncertainty_report', r'level_min_general_above_specific',
-     'min over level pairs P(general > specific)', pct),
-    ('uncertainty_report', r'inclusion_positive/text_hierarchy_chain',
-     'H > 0 along the whole text hierarchy', pct),
-    ('uncertainty_report', r'inclusion_positive/(.+)', 'H(orig in view) > 0, {0}', pct),
-    ('uncertainty_report', r'style_not_more_certain/([a-z]+)_(.+)',
-     'restyled image sigma^2 >= original, {0} {1}', pct),
-    ('bprw', r'uniform_top(\d+)', 'top-{0}, uniform prompt weights', pct),
-    ('bprw', r'inv_trace_top(\d+)', 'top-{0}, 1/tr(Sigma) initial weights',
-     pct),
-    ('bprw', r'zeroshot_top(\d+)', 'top-{0}, zero-shot EM weights', pct),
-    ('bprw', r'fewshot(\d+)_top(\d+)', 'top-{1}, {0}-shot EM weights', pct),
-    ('bprw', r'zeroshot_neighbour_precision',
-     'zero-shot EM neighbours of the right class', pct),
-    ('traversal', r'inclusion_root_is_gt_level0',
-     'inclusion-based [ROOT] is the level-0 caption', pct),
-    ('traversal', r'(inclusion|null)_root_R@1', '{0} [ROOT] R@1', pct),
-    ('traversal', r'(inclusion|null)_(precision|recall)', '{0} [ROOT] {1}',
-     pct),
-    ('traversal', r'(inclusion|null)_path_length',
-     '{0} [ROOT] path length (captions)', lambda x: f'{x:.1f}'),
-    ('filtering', r'removed_precision', 'removed pairs that were shuffled',
-     pct),
-    ('filtering', r'corrupted_recall', 'shuffled pairs removed', pct),
-    ('filtering', r'auc', 'AUC, original vs shuffled pairs',
-     lambda x: f'{x:.3f}'),
-    ('filtering', r'kept', 'pairs kept', _num),
-    ('filtering', r'total', 'pairs scored', _num),
-]
-
-_ROOT_NAMES = {'inclusion': 'inclusion-based', 'null': 'empty-caption'}
+class Label(NamedTuple):
+  """How an evaluator kind's metric keys matching ``pattern`` (matched in
+  full) are shown: ``text`` (``str.format`` with the match's groups) and
+  the value in ``fmt`` (``pct``, ``number``, ``signed``, ``count``...).
+  A group holding '_' is a view key, shown as the uncertainty report's
+  view ('image, 75% patches dropped'); ``csd`` is 'CSD'; other groups as
+  ``names`` (the kind's own words) spells them, else as they are."""
+  pattern: str
+  text: str
+  fmt: Callable[[Any], str]
+  names: Mapping[str, str] = {}
 
 
-def _group_text(group: str) -> str:
+def kind_labels(kind: str) -> tuple[Label, ...]:
+  """The ``LABELS`` the kind ``kind`` declares beside itself
+  (``kinds/<kind>.py``'s ``Evaluator.LABELS``), in order; () for a name
+  that is no kind."""
+  if kind not in {m.name for m in pkgutil.iter_modules(kinds.__path__)}:
+    return ()
+  module = importlib.import_module(f'{kinds.__name__}.{kind}')
+  return tuple(module.Evaluator.LABELS)
+
+
+def _group_text(group: str, names: Mapping[str, str]) -> str:
   if '_' in group:
     return _view_name(group)
-  return _METRIC_NAMES.get(group, _ROOT_NAMES.get(group, group))
+  return _METRIC_NAMES.get(group, names.get(group, group))
 
 
 def describe(suite: str, key: str, value: Any) -> tuple[str, str]:
-  """``(label, formatted value)`` of one metric of ``suite``."""
-  for rule_suite, pattern, label, fmt in _RULES:
-    if rule_suite != suite and not (rule_suite == 'uncertainty'
-                                    and suite == 'uncertainty_report'):
-      continue
-    m = re.fullmatch(pattern, key)
+  """``(label, formatted value)`` of one metric of the kind ``suite``, by
+  the first of its ``kind_labels`` that matches; a key without one keeps
+  its name and is shown as a number."""
+  for label in kind_labels(suite):
+    m = re.fullmatch(label.pattern, key)
     if m is None:
       continue
-    groups = [_group_text(g) for g in m.groups()]
+    text = label.text.format(*[_group_text(g, label.names)
+                               for g in m.groups()])
     try:
-      return label.format(*groups), fmt(value)
+      return text, label.fmt(value)
     except (TypeError, ValueError):  # not a number: show it as it is
-      return label.format(*groups), str(value)
-  return key, _num(value) if isinstance(value, (int, float)) else str(value)
+      return text, str(value)
+  return key, count(value) if isinstance(value, (int, float)) else str(value)
 
 
 _RECALL = re.compile(r'(?:(csd|cosine)_)?(i2t|t2i)_R@(\d+)')

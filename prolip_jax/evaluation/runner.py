@@ -40,7 +40,10 @@ def checkpoint_evals(model) -> ml_collections.ConfigDict:
   run_config = getattr(model, 'run_config', None) or {}
   evals = dict(run_config.get('evals') or {})
   dataset = (run_config.get('data') or {}).get('name', '')
-  if dataset in sets.BUNDLED:
+  # A bundled set with a report of its own (a source added later may have
+  # none).
+  if dataset in sets.bundled() and os.path.isfile(
+      bundled_config_path(dataset)):
     report = load_config_file(bundled_config_path(dataset)).evals.to_dict()
     evals = {**report, **evals}
   if not evals:

@@ -10,9 +10,10 @@ import numpy as np
 
 from prolip_jax.applications import bprw
 from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import sets
-from prolip_jax.evaluation.bundled import EvalData
 from prolip_jax.evaluation.in_memory import InMemoryEvaluator
+from prolip_jax.evaluation.sets import EvalData
 from prolip_jax.evaluation.metrics import class_gaussians
 from prolip_jax.evaluation.metrics import topk_accuracy
 from prolip_jax.evaluation.metrics import zero_shot_scores
@@ -33,6 +34,17 @@ class Evaluator(InMemoryEvaluator):
              'zero_shot': {'alpha': 5.0, 'm': 5, 'k': 10},
              'few_shot': {'shots': 0, 'alpha': 2.0, 'total_samples': 100,
                           'split': 'train'}}
+  LABELS = (
+      report.Label(r'uniform_top(\d+)', 'top-{0}, uniform prompt weights',
+                   report.pct),
+      report.Label(r'inv_trace_top(\d+)',
+                   'top-{0}, 1/tr(Sigma) initial weights', report.pct),
+      report.Label(r'zeroshot_top(\d+)', 'top-{0}, zero-shot EM weights',
+                   report.pct),
+      report.Label(r'fewshot(\d+)_top(\d+)', 'top-{1}, {0}-shot EM weights',
+                   report.pct),
+      report.Label(r'zeroshot_neighbour_precision',
+                   'zero-shot EM neighbours of the right class', report.pct))
 
   def evaluate_set(self, params: Any, data: EvalData) -> evaluator.Result:
     cfg = self.cfg

@@ -10,8 +10,9 @@ import numpy as np
 
 from prolip_jax.applications import filtering as F
 from prolip_jax.evaluation import evaluator
-from prolip_jax.evaluation.bundled import EvalData
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation.in_memory import InMemoryEvaluator
+from prolip_jax.evaluation.sets import EvalData
 from prolip_jax.evaluation.metrics import auc
 
 
@@ -26,6 +27,14 @@ class Evaluator(InMemoryEvaluator):
 
   OPTIONS = {'caption_index': -1, 'corrupt_fraction': 0.2,
              'keep_fraction': 0.8, 'w_img': 0.0, 'w_txt': 0.0}
+  LABELS = (
+      report.Label(r'removed_precision', 'removed pairs that were shuffled',
+                   report.pct),
+      report.Label(r'corrupted_recall', 'shuffled pairs removed', report.pct),
+      report.Label(r'auc', 'AUC, original vs shuffled pairs',
+                   lambda x: f'{x:.3f}'),
+      report.Label(r'kept', 'pairs kept', report.count),
+      report.Label(r'total', 'pairs scored', report.count))
 
   def evaluate_set(self, params: Any, data: EvalData) -> evaluator.Result:
     self.require_probabilistic('CSD filtering')

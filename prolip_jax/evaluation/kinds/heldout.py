@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import sets
 from prolip_jax.evaluation.encoders import in_memory
 from prolip_jax.evaluation.metrics import retrieval_recall
@@ -32,10 +33,22 @@ class Evaluator(evaluator.Evaluator):
 
   DEFAULTS = {'every_steps': 0, 'batch_size': 250}
   NEEDS_DATA = False
+  # Labels shared with training's summary are spelled as it spells them.
+  LABELS = (
+      report.Label(r'zeroshot_(csd|cosine)_top(\d+)',
+                   'zero-shot top-{1}, {0}', report.pct),
+      report.Label(r'sigma2_img', 'mean sigma^2 per dimension, images',
+                   report.number),
+      report.Label(r'sigma2_(captions|prompts)',
+                   'mean sigma^2 per dimension, {0}', report.number),
+      report.Label(r'diff_acc', 'difference classification (PC-CLIP eq. 2)',
+                   report.pct),
+      report.Label(r'diff_acc/(.+)', 'difference classification, {0}',
+                   report.pct))
 
   def __init__(self, encoders, name: str = '', **cfg):
     super().__init__(encoders, name, **cfg)
-    if not self.cfg.data and encoders.train_data in sets.BUNDLED:
+    if not self.cfg.data and encoders.train_data in sets.bundled():
       self.cfg.data = f'{encoders.train_data}:heldout'
 
   def available(self) -> Optional[str]:

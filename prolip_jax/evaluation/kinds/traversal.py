@@ -9,9 +9,13 @@ import numpy as np
 
 from prolip_jax.applications import traversal as T
 from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import uncertainty as U
-from prolip_jax.evaluation.bundled import EvalData
 from prolip_jax.evaluation.in_memory import InMemoryEvaluator
+from prolip_jax.evaluation.sets import EvalData
+
+# The two roots' names in the report.
+ROOTS = {'inclusion': 'inclusion-based', 'null': 'empty-caption'}
 
 
 class Evaluator(InMemoryEvaluator):
@@ -27,6 +31,17 @@ class Evaluator(InMemoryEvaluator):
   OPTIONS = {'levels': (0,), 'database_levels': (), 'steps': T.STEPS,
              'score': 'measure', 'inclusion_eps': 0.0, 'num_images': 0,
              'num_examples': 5}
+  LABELS = (
+      report.Label(r'inclusion_root_is_gt_level0',
+                   'inclusion-based [ROOT] is the level-0 caption',
+                   report.pct),
+      report.Label(r'(inclusion|null)_root_R@1', '{0} [ROOT] R@1',
+                   report.pct, ROOTS),
+      report.Label(r'(inclusion|null)_(precision|recall)', '{0} [ROOT] {1}',
+                   report.pct, ROOTS),
+      report.Label(r'(inclusion|null)_path_length',
+                   '{0} [ROOT] path length (captions)', lambda x: f'{x:.1f}',
+                   ROOTS))
 
   def evaluate_set(self, params: Any, data: EvalData) -> evaluator.Result:
     self.require_probabilistic('the inclusion traversal')

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import sets
 from prolip_jax.evaluation import uncertainty as U
 
@@ -15,6 +16,16 @@ class Evaluator(evaluator.Evaluator):
   than their image, and Spearman(caption length in tokens, sigma^2)."""
 
   OPTIONS = {'images_dir': '', 'caption_key': ''}
+  # Named as training's held-out evaluation names them.
+  LABELS = (
+      report.Label(r'sigma2_img', 'mean sigma^2 per dimension, images',
+                   report.number),
+      report.Label(r'sigma2_captions', 'mean sigma^2 per dimension, captions',
+                   report.number),
+      report.Label(r'txt_more_uncertain_than_img',
+                   'caption sigma^2 > its image sigma^2', report.pct),
+      report.Label(r'spearman_length_sigma2',
+                   'Spearman(caption length, sigma^2)', report.signed))
 
   def evaluate(self, params: Any) -> evaluator.Result:
     if not self.encoders.probabilistic:

@@ -12,9 +12,11 @@ import numpy as np
 
 from prolip_jax import errors
 from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import uncertainty as U
-from prolip_jax.evaluation.bundled import EvalData
 from prolip_jax.evaluation.in_memory import InMemoryEvaluator
+from prolip_jax.evaluation.kinds import uncertainty as uncertainty_kind
+from prolip_jax.evaluation.sets import EvalData
 
 
 def parse_view(spec: str) -> tuple[str, float, str]:
@@ -43,6 +45,32 @@ class Evaluator(InMemoryEvaluator):
   OPTIONS = {'levels': (), 'image_views': (), 'style_views': (),
              'text_mask_prob': 0.0, 'inclusion_eps': 0.0,
              'num_inclusion_images': 0, 'num_examples': 8}
+  LABELS = (
+      report.Label(r'sigma2_per_dim_img_mean',
+                   'mean sigma^2 per dimension, images', report.number),
+      report.Label(r'sigma2_per_dim_txt_mean',
+                   'mean sigma^2 per dimension, captions', report.number),
+      report.Label(r'sigma2_trace_img_mean',
+                   'mean sigma^2 = tr(Sigma) (trace), images', report.number),
+      report.Label(r'sigma2_trace_txt_mean',
+                   'mean sigma^2 = tr(Sigma) (trace), captions',
+                   report.number),
+      report.Label(r'spearman_level_sigma2', 'Spearman(level, sigma^2)',
+                   report.signed),
+      report.Label(r'level_adjacent_decreasing',
+                   'sigma^2 decreasing, adjacent levels', report.pct),
+      report.Label(r'level_chain_decreasing',
+                   'sigma^2 decreasing along every level', report.pct),
+      report.Label(r'level_min_general_above_specific',
+                   'min over level pairs P(general > specific)', report.pct),
+      report.Label(r'inclusion_positive/text_hierarchy_chain',
+                   'H > 0 along the whole text hierarchy', report.pct),
+      report.Label(r'inclusion_positive/(.+)', 'H(orig in view) > 0, {0}',
+                   report.pct),
+      report.Label(r'style_not_more_certain/([a-z]+)_(.+)',
+                   'restyled image sigma^2 >= original, {0} {1}', report.pct),
+      # The uncertainty kind's figures, named as it names them.
+      *uncertainty_kind.Evaluator.LABELS)
 
   def evaluate_set(self, params: Any, data: EvalData) -> evaluator.Result:
     self.require_probabilistic('the uncertainty report')

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from prolip_jax.evaluation import evaluator
+from prolip_jax.evaluation import report
 from prolip_jax.evaluation import sets
 from prolip_jax.evaluation.metrics import topk_accuracy
 from prolip_jax.evaluation.metrics import zero_shot_scores
@@ -24,6 +25,8 @@ class Evaluator(evaluator.Evaluator):
 
   OPTIONS = {'metrics': ('csd', 'cosine'), 'ks': (1, 5), 'templates': (),
              'class_names': ()}
+  LABELS = (report.Label(r'(csd|cosine)_top(\d+)', 'zero-shot top-{1}, {0}',
+                          report.pct),)
 
   def evaluate(self, params: Any) -> evaluator.Result:
     zs = self.opened(sets.zero_shot_set)
