@@ -10,8 +10,8 @@ node. On top of that, a few one-way rules: evaluation sits below training
 from data, objectives nothing from evaluation.
 """
 
-from test_imports import find_cycle
-from test_imports import import_graph
+from support import find_cycle
+from support import import_graph
 
 PACKAGE = 'prolip_jax'
 
