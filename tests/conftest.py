@@ -93,3 +93,10 @@ def s3():
   server = _object_store('start_s3')
   yield server
   server.stop()
+
+
+# The suite's shared fixtures (``workdir``, ``tokenizers``, the export and
+# import tools): imported after the set-up above, as every test module is.
+# (Not 'fixtures': pytest's own fixtures plugin is registered by that name,
+# and a second plugin of one name is silently skipped.)
+pytest_plugins = ('shared_fixtures',)

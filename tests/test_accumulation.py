@@ -25,13 +25,13 @@ from prolip_jax.training import accumulation
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 
-from test_objective_training import _losses
-from test_objective_training import _params
-from test_objective_training import micro
-from test_train import load_config
+from support import load_config
+from support import metric_values
+from support import objective_micro_config
+from support import trained_params
 
 MASK_ID = 3
-LR = 1e-3  # micro()'s
+LR = 1e-3  # objective_micro_config()'s
 VOCAB = 64
 
 
@@ -41,7 +41,8 @@ class _Tokenizer:
 
 
 def _config(objective, devices, batch_size=32):
-  c = micro(objective, 4, num_devices=devices, batch_size=batch_size)
+  c = objective_micro_config(objective, 4, num_devices=devices,
+                             batch_size=batch_size)
   if objective == 'uniclip':
     c.data.num_views = 3
   # Stride 2 instead of 8: 2 masked rows per 4 pairs, so a 32-pair batch
@@ -215,7 +216,7 @@ def test_micro_run_on_two_devices_with_four_micro_batches_is_the_same_run(
       c.mesh.num_devices = 2
       c.accum_steps = k
       train.train_and_evaluate(c, workdir, max_steps=4 // len(ks))
-    return _losses(workdir), _params(workdir), c.optim.lr
+    return metric_values(workdir), trained_params(workdir), c.optim.lr
 
   losses1, params1, lr = run('k1', 1)
   assert len(losses1) == 4

@@ -20,8 +20,8 @@ from prolip_jax.storage import checkpoint
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 
-from test_train import load_config
-from test_train_step import micro_step
+from support import load_config
+from support import micro_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECAY = 0.5  # fast, so three steps move the average well away from theta

@@ -310,36 +310,8 @@ def test_evaluate_parses_overrides():
 
 
 # ---------------------------------------------------------------------------
-# End to end on a randomly initialised tiny model saved as a workdir.
-
-
-@pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-  from prolip_jax.storage import checkpoint  # pylint: disable=g-import-not-at-top
-  from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
-  from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  from prolip_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path_factory.mktemp('eval_workdir'))
-  m = presets.model_preset('tiny')
-  m.vision.width = m.text.width = 32
-  m.vision.layers = m.text.layers = 1
-  m.vision.heads = m.text.heads = 2
-  m.text.context_length = 24
-  m.embed_dim = 16
-  m.init_unc_bias = -3.0
-  cfg = ModelConfig.from_config(m)
-  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
-      jax.random.key(0)))
-  corpus = digits.tokenizer_corpus()
-  tok_lib.train_tokenizer(corpus[:800] + corpus[-40:],
-                          os.path.join(path, checkpoint.TOKENIZER_FILE), 256)
-  with checkpoint.manager(path) as mngr:
-    checkpoint.save(mngr, 1, params, {'unused': np.zeros(1, np.float32)},
-                    {'model': cfg.to_dict(), 'config': {}, 'step': 1},
-                    force=True)
-    mngr.wait_until_finished()
-  return path
+# End to end on a randomly initialised tiny model saved as a workdir
+# (the ``workdir`` fixture of shared_fixtures.py).
 
 
 EXPECTED_FIGURES = {

@@ -28,11 +28,10 @@ from prolip_jax.evaluation import runner
 from prolip_jax.evaluation import sets
 from prolip_jax.interop import load as load_lib
 from prolip_jax.storage import checkpoint
-import test_evaluate
+
+import support
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# test_evaluate's tiny saved model (a module-scoped fixture), shared.
-workdir = test_evaluate.workdir
 NAMES = ('zero', 'one', 'two')
 TEMPLATES = ('a photo of the number {}.', 'the digit {}.')
 
@@ -412,9 +411,8 @@ def test_b16_config_evaluators_on_mock_tfds(model, tfds, tmp_path):
 @pytest.mark.slow
 def test_training_runs_its_evaluators_and_skips_missing_data(tmp_path,
                                                             capfd):
-  import test_faults  # pylint: disable=g-import-not-at-top
   from prolip_jax.training import train  # pylint: disable=g-import-not-at-top
-  cfg = test_faults.micro_config(total_steps=4)
+  cfg = support.micro_config(total_steps=4)
   cfg.evals = {
       'digits_zs': {'kind': 'zero_shot', 'data': 'digits:heldout',
                     'every_steps': 2, 'batch_size': 500},

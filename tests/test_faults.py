@@ -27,34 +27,17 @@ from prolip_jax.evaluation import evaluator
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import train
 
+from support import damage_file
+from support import main_env
+from support import micro_config
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
 
 
-def micro_config(total_steps=6, **overrides):
-  c = presets.load_config_file(MICRO)
-  c.total_steps = total_steps
-  c.mesh.num_devices = 1
-  for key, value in overrides.items():
-    node = c
-    *path, last = key.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = value
-  return c
-
-
-def _env():
-  env = dict(os.environ)
-  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
-  env['JAX_PLATFORMS'] = 'cpu'
-  return env
-
-
 def _main(*args, **kwargs):
   return subprocess.Popen([sys.executable, '-m', 'prolip_jax.main', *args],
-                          cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          cwd=REPO, env=main_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -62,18 +45,6 @@ def _run_main(*args, timeout=300):
   proc = _main(*args)
   out, err = proc.communicate(timeout=timeout)
   return proc.returncode, out, err
-
-
-def damage_file(path, damage):
-  """'garble': flip 16 bytes mid-file (same size: only the checksum can
-  tell); 'truncate': keep the first third."""
-  data = bytearray(open(path, 'rb').read())
-  if damage == 'garble':
-    for i in range(len(data) // 2, len(data) // 2 + 16):
-      data[i] ^= 0xFF
-  else:
-    data = data[:len(data) // 3]
-  open(path, 'wb').write(bytes(data))
 
 
 def _leaves(workdir, step=None, item='params'):

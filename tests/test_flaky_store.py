@@ -27,6 +27,7 @@ from prolip_jax.storage import checkpoint
 from prolip_jax.storage import store_faults
 from prolip_jax.storage.workdir import Workdir
 from prolip_jax.training import workdir_lock
+import support
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -298,7 +299,6 @@ def test_the_bare_pypi_emulator_ends_both_hosts_in_one_line(tmp_path):
   gcp-storage-emulator (no x-goog-generation): every host prints one line
   and exits EXIT_STORE before any step (it once trained on, saving
   nothing, and hung on SIGTERM)."""
-  import test_multiprocess as tmp  # pylint: disable=g-import-not-at-top
   port = object_stores.free_port()
   log = open(tmp_path / 'bare.log', 'w')
   server = subprocess.Popen(
@@ -313,8 +313,8 @@ def test_the_bare_pypi_emulator_ends_both_hosts_in_one_line(tmp_path):
     env = {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url,
            'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false'}
     began = time.time()
-    run = tmp._TwoProcesses('gs://prolip-test/pod', tmp_path, 'bare',  # pylint: disable=protected-access
-                            steps=12, env=env)
+    run = support.TwoProcesses('gs://prolip-test/pod', tmp_path, 'bare',
+                               steps=12, env=env)
     assert run.wait(timeout=BOUND_S + 60) == [errors.EXIT_STORE] * 2
     assert time.time() - began < BOUND_S
     for i in range(2):

@@ -681,7 +681,7 @@ def test_finetune_at_another_image_size_resamples_the_posemb(tmp_path,
   (align_corners=True, big_vision's convention) and the [CLS]/[UNC] rows as
   they were; 2 steps train."""
   torch = pytest.importorskip('torch')
-  from test_main import _run  # pylint: disable=g-import-not-at-top
+  from support import run_main as _run  # pylint: disable=g-import-not-at-top
   from prolip_jax.storage import checkpoint  # pylint: disable=g-import-not-at-top
   ref = _write_snapshot(str(tmp_path / 'snap'), 'B-16', seed=5)
   _cache_repo(offline, 'test-org/posemb-ft', str(tmp_path / 'snap'))
@@ -758,7 +758,7 @@ def test_init_image_size_errors_are_one_line(tmp_path, offline):
   """Not a multiple of the snapshot's patch size, or without init_from: one
   ``error:`` line and status 2 before anything is written or trained."""
   pytest.importorskip('torch')
-  from test_main import _run  # pylint: disable=g-import-not-at-top
+  from support import run_main as _run  # pylint: disable=g-import-not-at-top
   _write_snapshot(str(tmp_path / 'snap'), 'B-16', seed=5)
   _cache_repo(offline, 'test-org/posemb-errors', str(tmp_path / 'snap'))
   code, _, err = _run(*_micro_args(tmp_path / 'wd', 'test-org/posemb-errors',

@@ -11,8 +11,8 @@ from data, objectives nothing from evaluation, and neither data nor
 training imports the offline converters (conversion imports data).
 """
 
-from test_imports import find_cycle
-from test_imports import import_graph
+from support import find_cycle
+from support import import_graph
 
 PACKAGE = 'prolip_jax'
 

@@ -50,13 +50,12 @@ from prolip_jax.interop import load as load_lib
 from prolip_jax.interop import manifest
 from prolip_jax.storage import checkpoint
 
-import test_user_errors  # the tiny model and its parameters
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 # The tiny model of the user-error tests (pad 0, eos 1, unk 2, [MASK] 3) and
 # its random parameters.
-TINY = test_user_errors.TINY
+from support import TINY
+from support import tiny_params
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
@@ -71,14 +70,9 @@ def tok_path(tmp_path_factory):
       corpus, str(tmp_path_factory.mktemp('tok') / 'tok.model'), 60)
 
 
-def _params(seed=0):
-  """Random parameters of TINY (numpy; shared, not to be changed)."""
-  return test_user_errors._params(seed)  # pylint: disable=protected-access
-
-
 @pytest.fixture(scope='module')
 def params():
-  return _params()
+  return tiny_params()
 
 
 @pytest.fixture(scope='module')
@@ -570,7 +564,7 @@ def training_workdir(tmp_path, tok_path):
   first let 'training' write the next step and rotate the old one away
   (``keep_checkpoints=1``)."""
   wd = str(tmp_path / 'wd')
-  _save_step(wd, 0, _params(0), tok_path, keep=1)
+  _save_step(wd, 0, tiny_params(0), tok_path, keep=1)
   shutil.copyfile(tok_path, os.path.join(wd, checkpoint.TOKENIZER_FILE))
   return wd
 
@@ -582,7 +576,7 @@ def _rotate_on_read(monkeypatch, wd, tok_path, times):
   def read_meta(mngr, step):
     if len(written) < times:
       new = step + 1
-      _save_step(wd, new, _params(new), tok_path, keep=1)
+      _save_step(wd, new, tiny_params(new), tok_path, keep=1)
       written.append(new)
     return real(mngr, step)
 
@@ -596,7 +590,7 @@ def test_a_step_rotated_away_mid_read_is_read_again_at_the_newest(
   loaded = prolip_jax.load(training_workdir)
   assert written == [1]
   for got, want in zip(jax.tree.leaves(loaded.params),
-                       jax.tree.leaves(_params(1))):
+                       jax.tree.leaves(tiny_params(1))):
     np.testing.assert_array_equal(np.asarray(got), want)
   err = capfd.readouterr().err
   assert 'step 0' in err and 'removed while it was being read' in err, err

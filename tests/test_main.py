@@ -6,40 +6,19 @@ The fast twin of ``test_faults.py``'s command-line tests (which start
 case fails before training starts, so nothing is trained or compiled.
 """
 
-import contextlib
-import io
 import os
 
-from absl import flags
 import pytest
 
 from prolip_jax import errors
-from prolip_jax import main
 from prolip_jax import registries
 from prolip_jax.config import help as config_help
 from prolip_jax.config import presets
 
+from support import run_main
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
-
-
-def _run(*args):
-  """``main.run(['prog', *args])`` -> (status, stdout, stderr).
-
-  absl flags are global to the process and ``main`` defines them (and the
-  ``--config.KEY`` overrides it was given) once; the flags a call defined are
-  removed afterwards, so every call parses its own command line as a fresh
-  process would.
-  """
-  before = set(flags.FLAGS)
-  out, err = io.StringIO(), io.StringIO()
-  try:
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-      code = main.run(['prog', *args])
-  finally:
-    for name in set(flags.FLAGS) - before:
-      delattr(flags.FLAGS, name)
-  return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize('args,expected', [
@@ -57,8 +36,8 @@ def _run(*args):
                                  '--config=configs/siglip_tiny.py'),
 ])
 def test_user_errors_are_one_line_with_status_2(tmp_path, args, expected):
-  code, out, err = _run(f'--config={MICRO}', *args,
-                        f'--workdir={tmp_path / "w"}')
+  code, out, err = run_main(f'--config={MICRO}', *args,
+                            f'--workdir={tmp_path / "w"}')
   assert code == errors.EXIT_USER_ERROR == 2, (out, err)
   lines = err.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: '), err
@@ -67,10 +46,10 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, args, expected):
 
 
 def test_help_and_print_config():
-  code, out, _ = _run('--help')
+  code, out, _ = run_main('--help')
   assert code == 0 and '--print_config' in out and '--config.KEY' in out
-  code, out, _ = _run(f'--config={MICRO}', '--print_config',
-                      '--config.total_steps=7')
+  code, out, _ = run_main(f'--config={MICRO}', '--print_config',
+                          '--config.total_steps=7')
   assert code == 0
   lines = out.splitlines()
   assert any(l.split('#')[0].strip() == 'total_steps = 7' for l in lines)

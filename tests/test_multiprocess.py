@@ -12,29 +12,26 @@ resuming gives the loss curve of an uninterrupted run; an exception on one
 process ends both within a minute, with one ``error:`` line naming it.
 """
 
-import json
 import os
-import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 import support
+from support import free_port
+from support import main_command
+from support import metric_rows
+from support import metric_values
+from support import stop_steps
+from support import TWO_PROCESS_STEPS
+from support import TwoProcesses
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, 'configs', 'prolip_micro.py')
 STEPS = 4
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _env(devices):
@@ -55,22 +52,8 @@ def _config_with_evaluator(tmp_path) -> str:
   return str(path)
 
 
-def _cmd(workdir, extra=(), config=CONFIG, steps=STEPS):
-  return [sys.executable, '-m', 'prolip_jax.main', f'--config={config}',
-          f'--workdir={workdir}', f'--config.total_steps={steps}',
-          '--config.batch_size=32', '--config.mesh.data=-1', *extra]
-
-
-def _rows(workdir):
-  return [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-
-
-def _losses(workdir):
-  return [r['loss'] for r in _rows(workdir) if 'loss' in r]
-
-
 def _evaluated(workdir):
-  return [r for r in _rows(workdir) if 'digits_zs/csd_top1' in r]
+  return [r for r in metric_rows(workdir) if 'digits_zs/csd_top1' in r]
 
 
 @pytest.mark.serial
@@ -78,23 +61,24 @@ def _evaluated(workdir):
 def test_two_processes_match_one_process(tmp_path):
   config = _config_with_evaluator(tmp_path)
   single = str(tmp_path / 'single')
-  subprocess.run(_cmd(single, config=config), env=_env(4), check=True,
-                 cwd=REPO, timeout=600, capture_output=True)
+  subprocess.run(main_command(single, config=config, steps=STEPS),
+                 env=_env(4), check=True, cwd=REPO, timeout=600,
+                 capture_output=True)
 
   multi = str(tmp_path / 'multi')
-  port = _free_port()
+  port = free_port()
   procs = [
       subprocess.Popen(
-          _cmd(multi, [f'--coordinator_address=127.0.0.1:{port}',
-                       '--num_processes=2', f'--process_id={i}'],
-               config=config),
+          main_command(multi, [f'--coordinator_address=127.0.0.1:{port}',
+                               '--num_processes=2', f'--process_id={i}'],
+                       config=config, steps=STEPS),
           env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
           stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
   outputs = support.outputs_of(procs, 600)
   assert '4 device(s)' in outputs[0]
 
-  one, two = _losses(single), _losses(multi)
+  one, two = metric_values(single), metric_values(multi)
   assert len(one) == len(two) == STEPS
   np.testing.assert_allclose(two, one, rtol=1e-5)
   assert one[-1] != one[0]  # it trained
@@ -111,79 +95,14 @@ def test_two_processes_match_one_process(tmp_path):
 # ----------------------------------------------------------------------------
 # One stop for every host
 
-LONG = 30  # steps of the interrupted runs: room for two stops
-# No periodic checkpoint: the checkpoints are the stops' and the last step's.
-_NO_PERIODIC = ('--config.checkpoint_every_steps=1000',)
-
-
-class _TwoProcesses:
-  """``prolip_jax.main`` as processes 0 and 1 of one run, each writing its
-  output to ``LOG_DIR/NAME<i>.log``; ``env``: variables added to theirs
-  (an object-store server's)."""
-
-  def __init__(self, workdir, log_dir, name, extra=(), steps=LONG,
-               env=None):
-    port = _free_port()
-    self.logs = [str(log_dir / f'{name}{i}.log') for i in range(2)]
-    self.procs = []
-    for i, log in enumerate(self.logs):
-      with open(log, 'w') as out:
-        self.procs.append(subprocess.Popen(
-            _cmd(workdir, [f'--coordinator_address=127.0.0.1:{port}',
-                           '--num_processes=2', f'--process_id={i}',
-                           *_NO_PERIODIC, *extra], steps=steps),
-            env=dict(_env(2), **(env or {})), cwd=REPO, stdout=out,
-            stderr=subprocess.STDOUT))
-
-  def output(self, i) -> str:
-    with open(self.logs[i]) as f:
-      return f.read()
-
-  def wait_until(self, done, timeout=300):
-    """Polls ``done()`` until true; fails if a process ends first."""
-    deadline = time.time() + timeout
-    while not done():
-      assert all(p.poll() is None for p in self.procs), self.output(0)[-3000:]
-      assert time.time() < deadline, 'timed out'
-      time.sleep(0.05)
-
-  def wait(self, timeout=300) -> list[int]:
-    """Both exit statuses; kills both and fails past ``timeout``."""
-    deadline = time.time() + timeout
-    try:
-      for p in self.procs:
-        p.wait(timeout=max(deadline - time.time(), 1))
-    except subprocess.TimeoutExpired:
-      for p in self.procs:
-        if p.poll() is None:
-          p.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
-      time.sleep(5)
-      for p in self.procs:
-        p.kill()
-        p.wait()
-      # Both logs: which host waited for which, and where.
-      raise AssertionError(f'not ended after {timeout} s\n' + '\n'.join(
-          f'--- process {i}, last lines:\n{self.output(i)[-2500:]}'
-          for i in range(2))) from None
-    return [p.returncode for p in self.procs]
-
-
 def _trained_past(workdir, step):
   """A ``done()`` for ``wait_until``: metrics.jsonl has a row past ``step``."""
   def done():
     try:
-      return _rows(workdir)[-1]['step'] > step
+      return metric_rows(workdir)[-1]['step'] > step
     except (FileNotFoundError, IndexError, ValueError, KeyError):
       return False  # not written yet, or a line being written
   return done
-
-
-def _stop_steps(run: _TwoProcesses) -> list[int]:
-  """The step each process said every host stops after (one per process)."""
-  found = [re.findall(r'every host stops after step (\d+)', run.output(i))
-           for i in range(2)]
-  assert all(len(f) == 1 for f in found), found
-  return [int(f[0]) for f in found]
 
 
 def _checkpoints(workdir) -> list[int]:
@@ -196,30 +115,30 @@ def _checkpoints(workdir) -> list[int]:
 def test_sigterm_or_ctrl_c_on_one_host_stops_every_host_at_one_step(tmp_path):
   work = str(tmp_path / 'interrupted')
   # The scheduler's SIGTERM reaches process 1 only.
-  first = _TwoProcesses(work, tmp_path, 'first')
+  first = TwoProcesses(work, tmp_path, 'first')
   first.wait_until(_trained_past(work, 2))
   first.procs[1].send_signal(signal.SIGTERM)
   assert first.wait() == [75, 75], first.output(1)[-3000:]
-  stop, other = _stop_steps(first)
-  assert stop == other and 3 <= stop < LONG
+  stop, other = stop_steps(first)
+  assert stop == other and 3 <= stop < TWO_PROCESS_STEPS
   assert _checkpoints(work) == [stop]  # one collective checkpoint
   assert 'Stopped by SIGTERM at step' in first.output(0)
 
   # The resumed run: Ctrl-C on process 0 only.
-  second = _TwoProcesses(work, tmp_path, 'second')
+  second = TwoProcesses(work, tmp_path, 'second')
   second.wait_until(_trained_past(work, stop + 1))
   second.procs[0].send_signal(signal.SIGINT)
   assert second.wait() == [130, 75], second.output(0)[-3000:]
-  stop2, other = _stop_steps(second)
-  assert stop2 == other and stop < stop2 < LONG
+  stop2, other = stop_steps(second)
+  assert stop2 == other and stop < stop2 < TWO_PROCESS_STEPS
   assert _checkpoints(work) == [stop, stop2]
 
-  third = _TwoProcesses(work, tmp_path, 'third')
+  third = TwoProcesses(work, tmp_path, 'third')
   assert third.wait() == [0, 0], third.output(0)[-3000:]
   reference = str(tmp_path / 'uninterrupted')
-  assert _TwoProcesses(reference, tmp_path, 'reference').wait() == [0, 0]
-  resumed, uninterrupted = _losses(work), _losses(reference)
-  assert len(resumed) == len(uninterrupted) == LONG
+  assert TwoProcesses(reference, tmp_path, 'reference').wait() == [0, 0]
+  resumed, uninterrupted = metric_values(work), metric_values(reference)
+  assert len(resumed) == len(uninterrupted) == TWO_PROCESS_STEPS
   np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-6)
 
 
@@ -227,7 +146,7 @@ def test_sigterm_or_ctrl_c_on_one_host_stops_every_host_at_one_step(tmp_path):
 @pytest.mark.slow
 def test_an_exception_on_one_host_ends_every_host_within_a_minute(tmp_path):
   work = str(tmp_path / 'failing')
-  run = _TwoProcesses(work, tmp_path, 'failing',
+  run = TwoProcesses(work, tmp_path, 'failing',
                       ['--config.debug_raise_at_step=3',
                        '--config.debug_raise_process=1'])
   run.wait_until(lambda: 'fault injected' in run.output(1))

@@ -28,6 +28,7 @@ import prolip_jax
 from prolip_jax import errors
 from prolip_jax import main as main_lib
 from prolip_jax.data import record_sources
+from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.evaluation import sets
 from prolip_jax.interop import manifest
 from prolip_jax.storage import checkpoint
@@ -36,12 +37,8 @@ from prolip_jax.storage.workdir import Workdir
 from prolip_jax.training import progress
 from prolip_jax.training import workdir_lock
 from prolip_jax.training.workdir_lock import WorkdirLock
-import test_user_errors as tue  # the tiny imported workdir and the tools
 
-# test_user_errors' fixtures, shared.
-export_tool = tue.export_tool
-import_tool = tue.import_tool
-tokenizers = tue.tokenizers
+import support
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -168,12 +165,12 @@ def test_metrics_on_a_store_are_whole_objects_repaired_on_resume(gcs):
 
 def test_export_to_a_store_loads_the_same_model_and_needs_its_manifest(
     store, tmp_path, export_tool, tokenizers):
-  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  local = support.imported_workdir(tmp_path / 'wd', tokenizers[0])
   url = store.url('export')
   export_tool.export(local, url)
   names = sorted(p.name for p in paths.parse(url).iterdir())
   assert manifest.MANIFEST_FILE in names and 'model.safetensors' in names
-  tue._assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
+  support.assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
   # Without its manifest (an upload cut short) the export is refused.
   url2 = store.url('export')
   export_tool.export(local, url2)
@@ -199,7 +196,7 @@ def test_an_export_to_s3_rides_out_transient_faults_and_names_a_403(
   give the same model; a 403 on every request is one line naming the
   export, exit status 74."""
   import faulty_store  # pylint: disable=g-import-not-at-top
-  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  local = support.imported_workdir(tmp_path / 'wd', tokenizers[0])
   proxy = faulty_store.start(s3.env['AWS_ENDPOINT_URL'], seed=5, rate=0.2,
                              delay=0.3)
   env = dict(os.environ, **proxy.env(s3.env))
@@ -215,7 +212,7 @@ def test_an_export_to_s3_rides_out_transient_faults_and_names_a_403(
     assert done.returncode == 0, done.stderr[-3000:]
     counts = proxy.report()['counts']
     assert sum(counts[k] for k in ('429', '500', '503', 'slow')) >= 3, counts
-    tue._assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
+    support.assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
     proxy.set(rate=0.0, persistent='forbidden')
     done = export(s3.url('export'))
     lines = [l for l in done.stderr.splitlines() if l.startswith('error:')]
@@ -229,7 +226,7 @@ def test_an_export_to_s3_rides_out_transient_faults_and_names_a_403(
 
 def test_a_damaged_local_export_is_refused_by_its_manifest(
     tmp_path, export_tool, tokenizers):
-  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  local = support.imported_workdir(tmp_path / 'wd', tokenizers[0])
   out = str(tmp_path / 'export')
   export_tool.export(local, out)
   with open(os.path.join(out, 'model.safetensors'), 'r+b') as f:
@@ -243,15 +240,15 @@ def test_a_damaged_local_export_is_refused_by_its_manifest(
 
 def test_import_into_a_gcs_workdir_then_load_it(gcs, tmp_path, export_tool,
                                                import_tool, tokenizers):
-  local = tue._imported_workdir(tmp_path / 'wd', tokenizers[0])
+  local = support.imported_workdir(tmp_path / 'wd', tokenizers[0])
   out = str(tmp_path / 'export')
   export_tool.export(local, out)
   url = gcs.url()
   import_tool.import_weights(os.path.join(out, 'model.safetensors'),
-                             tue._run_config(), url, tokenizers[0])
+                             support.tiny_run_config(), url, tokenizers[0])
   wd = Workdir(url)
   assert wd.tokenizer.exists() and checkpoint.latest_step(url) == 0
-  tue._assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
+  support.assert_same_model(prolip_jax.load(url), prolip_jax.load(local))
 
 
 # ----------------------------------------------------------------------------
@@ -381,7 +378,6 @@ def test_the_pod_command_on_gcs_two_hosts_preempted_on_one_resumes_exactly(
   the GCS server: SIGTERM to process 1 only -> both exit 75 after one
   collective checkpoint on gs:// -> the same command resumes, and the loss
   curve equals an uninterrupted two-process run's (on local disk)."""
-  import test_multiprocess as tmp  # pylint: disable=g-import-not-at-top
   url = gcs.url()
   wd = Workdir(url)
   steps = 24  # the stop lands well before the end on a loaded machine
@@ -395,24 +391,25 @@ def test_the_pod_command_on_gcs_two_hosts_preempted_on_one_resumes_exactly(
         return False
     return done
 
-  first = tmp._TwoProcesses(url, tmp_path, 'first', steps=steps,
-                            env=gcs.env)
+  first = support.TwoProcesses(url, tmp_path, 'first', steps=steps,
+                               env=gcs.env)
   first.wait_until(trained_past(2))
   first.procs[1].send_signal(signal.SIGTERM)
   assert first.wait() == [75, 75], first.output(1)[-3000:]
-  stop, other = tmp._stop_steps(first)
+  stop, other = support.stop_steps(first)
   assert stop == other and stop < steps
   assert [int(p.name) for p in wd.checkpoints.iterdir()] == [stop]
-  second = tmp._TwoProcesses(url, tmp_path, 'second', steps=steps,
-                             env=gcs.env)
+  second = support.TwoProcesses(url, tmp_path, 'second', steps=steps,
+                                env=gcs.env)
   assert second.wait() == [0, 0], second.output(0)[-3000:]
   reference = str(tmp_path / 'uninterrupted')
-  assert tmp._TwoProcesses(reference, tmp_path, 'reference', steps=steps,
-                           env=gcs.env).wait() == [0, 0]
+  assert support.TwoProcesses(reference, tmp_path, 'reference',
+                              steps=steps, env=gcs.env).wait() == [0, 0]
   resumed = [r['loss'] for r in map(json.loads, wd.metrics.read_text(
   ).splitlines()) if 'loss' in r]
   assert len(resumed) == steps
-  np.testing.assert_allclose(resumed, tmp._losses(reference), rtol=1e-6)
+  np.testing.assert_allclose(resumed, support.metric_values(reference),
+                             rtol=1e-6)
   assert not any(n.startswith('gs:') for n in os.listdir(REPO))
 
 
@@ -422,7 +419,7 @@ def test_a_tokenizer_model_path_on_gcs_is_copied_into_the_workdir(
   from prolip_jax.data.tokenizer import file_sha256  # pylint: disable=g-import-not-at-top
   src = gcs.url('tok.model')
   paths.copy_file(tokenizers[0], src)
-  config = tue._run_config()
+  config = support.tiny_run_config()
   config.tokenizer.model_path = src
   config.model.text.context_length = 12
   wd = Workdir(gcs.url())
@@ -431,4 +428,4 @@ def test_a_tokenizer_model_path_on_gcs_is_copied_into_the_workdir(
   assert paths.sha256(wd.tokenizer) == file_sha256(tokenizers[0])
   np.testing.assert_array_equal(
       tokenizer(['two blue birds']),
-      tue.Tokenizer(tokenizers[0], 12)(['two blue birds']))
+      Tokenizer(tokenizers[0], 12)(['two blue birds']))

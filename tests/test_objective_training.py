@@ -6,7 +6,6 @@ that unsupported combinations fail with a clear error.
 """
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -14,43 +13,13 @@ import pytest
 
 from prolip_jax import embedding
 from prolip_jax import objectives
-from prolip_jax import demos
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import train
 
-from test_train import load_config
-
-
-def micro(objective, total_steps, num_devices=1, batch_size=16):
-  """``prolip_micro`` towers with the objective's tiny-demo settings."""
-  c = load_config('prolip_micro')
-  demo = demos.tiny_demo_config(objective)
-  c.objective = objective
-  c.model.use_unc = demo.model.use_unc
-  c.model.init_logit_scale = demo.model.init_logit_scale
-  c.model.init_logit_bias = demo.model.init_logit_bias
-  c.loss = demo.loss
-  c.optim.ema_decay = demo.optim.ema_decay  # OTTER's teacher
-  c.total_steps = total_steps
-  c.batch_size = batch_size
-  c.optim.lr = 1e-3
-  c.mesh.num_devices = num_devices
-  c.mesh.data = num_devices
-  c.mesh.fsdp = 1
-  c.checkpoint_every_steps = 1000
-  c.log_every_steps = 1
-  return c
-
-
-def _losses(workdir, key='loss'):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    rows = [json.loads(line) for line in f]
-  return [r[key] for r in rows if key in r]
-
-
-def _params(workdir):
-  params, _ = checkpoint.load_params(workdir)
-  return jax.tree.map(np.asarray, params)
+from support import load_config
+from support import metric_values
+from support import objective_micro_config
+from support import trained_params
 
 
 # ----------------------------------------------------------------------------
@@ -65,7 +34,7 @@ def test_pcme_config_file():
 
 
 def test_pcme_needs_unc(tmp_path):
-  c = micro('pcme', 2)
+  c = objective_micro_config('pcme', 2)
   c.model.use_unc = False
   with pytest.raises(ValueError, match='use_unc'):
     train.train_and_evaluate(c, str(tmp_path))
@@ -73,12 +42,12 @@ def test_pcme_needs_unc(tmp_path):
 
 @pytest.mark.slow
 def test_pcme_trains_and_loss_decreases(tmp_path):
-  c = micro('pcme', 20)
+  c = objective_micro_config('pcme', 20)
   summary = train.train_and_evaluate(c, str(tmp_path))
   assert summary['step'] == 20
-  loss = _losses(str(tmp_path))
-  pml = _losses(str(tmp_path), 'pml')
-  vib = _losses(str(tmp_path), 'vib')
+  loss = metric_values(str(tmp_path))
+  pml = metric_values(str(tmp_path), 'pml')
+  vib = metric_values(str(tmp_path), 'vib')
   assert len(loss) == 20 and np.all(np.isfinite(loss))
   assert np.mean(loss[-5:]) < np.mean(loss[:3])
   # loss = PML + beta * VIB, and no masked copies are made.
@@ -92,14 +61,14 @@ def test_pcme_trains_and_loss_decreases(tmp_path):
 def test_deterministic_baseline_trains(objective, tmp_path):
   """SigLIP / CLIP on towers without [UNC]: the loss falls and no Gaussian
   statistics are logged."""
-  c = micro(objective, 20)
+  c = objective_micro_config(objective, 20)
   assert not c.model.use_unc
   train.train_and_evaluate(c, str(tmp_path))
-  loss = _losses(str(tmp_path))
+  loss = metric_values(str(tmp_path))
   assert len(loss) == 20 and np.all(np.isfinite(loss))
   assert np.mean(loss[-5:]) < 0.9 * np.mean(loss[:3])
-  assert not _losses(str(tmp_path), 'sigma2_img')
-  np.testing.assert_allclose(loss, _losses(str(tmp_path), objective))
+  assert not metric_values(str(tmp_path), 'sigma2_img')
+  np.testing.assert_allclose(loss, metric_values(str(tmp_path), objective))
 
 
 @pytest.mark.slow
@@ -107,12 +76,12 @@ def test_deterministic_baseline_trains(objective, tmp_path):
 def test_sharded_matches_single_device(objective, tmp_path):
   """The ring forms (pcme_pml_loss_blockwise, clip_loss_blockwise, also for
   PC-CLIP's difference term) train as the dense losses do."""
-  one = micro(objective, 2, num_devices=1, batch_size=32)
-  four = micro(objective, 2, num_devices=4, batch_size=32)
+  one = objective_micro_config(objective, 2, num_devices=1, batch_size=32)
+  four = objective_micro_config(objective, 2, num_devices=4, batch_size=32)
   train.train_and_evaluate(one, str(tmp_path / 'one'))
   train.train_and_evaluate(four, str(tmp_path / 'four'))
-  p1 = _params(str(tmp_path / 'one'))
-  p4 = dict(jax.tree_util.tree_flatten_with_path(_params(str(tmp_path /
+  p1 = trained_params(str(tmp_path / 'one'))
+  p4 = dict(jax.tree_util.tree_flatten_with_path(trained_params(str(tmp_path /
                                                                 'four')))[0])
   for path, ref in jax.tree_util.tree_flatten_with_path(p1)[0]:
     name = jax.tree_util.keystr(path)
@@ -138,7 +107,8 @@ def test_objective_lists():
 
 
 def otter_micro(total_steps, num_devices=1, use_unc=False):
-  c = micro('otter', total_steps, num_devices=num_devices, batch_size=16)
+  c = objective_micro_config('otter', total_steps, num_devices=num_devices,
+                             batch_size=16)
   c.model.use_unc = use_unc
   # A fast teacher, so a few steps move it measurably away from the student.
   c.optim.ema_decay = 0.8
@@ -232,7 +202,7 @@ def _otter_loss_by_hand(c, workdir, step):
 @pytest.mark.slow
 def test_otter_train_loss_is_the_otter_loss_of_student_and_teacher(otter_run):
   c, workdir = otter_run
-  rows = {r: l for r, l in zip(range(1, 4), _losses(workdir))}
+  rows = {r: l for r, l in zip(range(1, 4), metric_values(workdir))}
   # Step k's logged loss uses the parameters after k - 1 updates and batch
   # k - 1; the teacher of step 2 differs from the student.
   for k in (2, 3):
@@ -244,7 +214,7 @@ def test_otter_train_loss_is_the_otter_loss_of_student_and_teacher(otter_run):
 def test_otter_probabilistic_variant_uses_csd_logits(tmp_path):
   c = otter_micro(2, use_unc=True)
   train.train_and_evaluate(c, str(tmp_path))
-  loss = _losses(str(tmp_path))
+  loss = metric_values(str(tmp_path))
   np.testing.assert_allclose(loss[1], _otter_loss_by_hand(c, str(tmp_path), 1),
                              rtol=2e-4)
 
@@ -265,8 +235,8 @@ def test_otter_sharded_matches_single_device(otter_run, tmp_path):
   c, workdir = otter_run
   four = otter_micro(3, num_devices=4)
   train.train_and_evaluate(four, str(tmp_path))
-  np.testing.assert_allclose(_losses(str(tmp_path)), _losses(workdir),
-                             rtol=1e-4)
+  np.testing.assert_allclose(metric_values(str(tmp_path)),
+                             metric_values(workdir), rtol=1e-4)
   for item in ('params', 'teacher'):
     ref = jax.tree_util.tree_flatten_with_path(_tree(workdir, 3, item))[0]
     got = dict(jax.tree_util.tree_flatten_with_path(

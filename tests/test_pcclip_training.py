@@ -26,8 +26,8 @@ from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
 from prolip_jax.training import train
 
-from test_objective_training import load_config
-from test_objective_training import micro
+from support import load_config
+from support import objective_micro_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -184,19 +184,19 @@ def test_config_file():
 
 
 def test_config_errors():
-  c = micro('pcclip', 2)
+  c = objective_micro_config('pcclip', 2)
   c.model.use_unc = True
   with pytest.raises(ValueError, match='deterministic towers'):
     train.validate_config(c)
-  c = micro('pcclip', 2)
+  c = objective_micro_config('pcclip', 2)
   del c.loss['pcclip_tau']
   with pytest.raises(ValueError, match='needs config.loss.pcclip_tau'):
     train.validate_config(c)
-  c = micro('pcclip', 2)
+  c = objective_micro_config('pcclip', 2)
   c.loss.pcclip_weight = -1.0
   with pytest.raises(ValueError, match='pcclip_weight'):
     train.validate_config(c)
-  c = micro('pcclip', 2)
+  c = objective_micro_config('pcclip', 2)
   c.data.name = 'array_record'
   with pytest.raises(ValueError, match='attributes'):
     train.validate_config(c)
@@ -223,7 +223,7 @@ def test_pcclip_learns_difference_classification(tmp_path):
   thresholds: after >= 0.65, gain >= 0.15, thickness >= 0.7.
   """
   wd = str(tmp_path)
-  c = micro('pcclip', 100)
+  c = objective_micro_config('pcclip', 100)
   c.log_every_steps = 10
   # Step 0: the initial parameters, checkpointed and evaluated ("before").
   before = train.train_and_evaluate(c, wd, max_steps=0)['eval']

@@ -36,10 +36,6 @@ from prolip_jax.models import count_params
 from prolip_jax.models import init_params
 from prolip_jax.models import ModelConfig
 from prolip_jax.training import train
-import test_evaluate
-
-# test_evaluate's tiny saved model (a module-scoped fixture), shared.
-workdir = test_evaluate.workdir
 
 KIND_FILE = '''
 """``mean_sigma2``: the mean sigma^2 per dimension of a set's images."""

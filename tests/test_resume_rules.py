@@ -20,7 +20,9 @@ from prolip_jax.config import drift as config_drift
 from prolip_jax.config import presets
 from prolip_jax.storage import checkpoint
 from prolip_jax.training.workdir_lock import WorkdirLock
-import test_faults  # damage_file: the same damage as the end-to-end tests
+
+# The same damage as test_faults.py's end-to-end tests.
+from support import damage_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -136,7 +138,7 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
   files = [os.path.join(d, f) for d, _, fs in os.walk(
       tmp_path / 'checkpoints' / '6' / 'params') for f in fs]
   target = max(files, key=os.path.getsize)
-  test_faults.damage_file(target, damage)
+  damage_file(target, damage)
   capfd.readouterr()
   params, meta = checkpoint.load_params(str(tmp_path))
   err = capfd.readouterr().err

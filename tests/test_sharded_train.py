@@ -12,7 +12,7 @@ import pytest
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import train
 
-from test_train import micro_config
+from support import micro_config
 
 
 def _sharded_config(num_devices, data, fsdp, total_steps=3):

@@ -31,23 +31,19 @@ from prolip_jax.data import record_format
 from prolip_jax.interop import manifest
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import paths
-import test_user_errors as tue  # the tiny imported workdir and the tools
 
-# test_user_errors' fixtures, shared.
-export_tool = tue.export_tool
-import_tool = tue.import_tool
-tokenizers = tue.tokenizers
+import support
 
 
 @pytest.fixture(scope='module')
 def folder_tool():
-  return tue._load_module('tools/convert_folder.py', 'convert_folder_te')
+  return support.load_module('tools/convert_folder.py', 'convert_folder_te')
 
 
 @pytest.fixture(scope='module')
 def webdataset_tool():
-  return tue._load_module('tools/convert_webdataset.py',
-                          'convert_webdataset_te')
+  return support.load_module('tools/convert_webdataset.py',
+                             'convert_webdataset_te')
 
 
 def _absl_cli(tool, args, capfd):
@@ -131,9 +127,9 @@ def _assert_whole_export(files):
 def workdirs(tmp_path_factory, tokenizers):
   """Two tiny imported workdirs (different parameters, same tokenizer)."""
   d = tmp_path_factory.mktemp('workdirs')
-  return (tue._imported_workdir(d / 'wd1', tokenizers[0]),
-          tue._imported_workdir(d / 'wd2', tokenizers[0],
-                                params=tue._params(seed=1)))
+  return (support.imported_workdir(d / 'wd1', tokenizers[0]),
+          support.imported_workdir(d / 'wd2', tokenizers[0],
+                                   params=support.tiny_params(seed=1)))
 
 
 @pytest.mark.parametrize('case', ['config_json', 'export_by_name',
@@ -286,7 +282,7 @@ def config_file(tmp_path_factory):
   path.write_text(
       'import ml_collections\nfrom prolip_jax.config import presets\n\n'
       'def get_config():\n  c = presets.base_config()\n'
-      f'  c.model = ml_collections.ConfigDict({tue.TINY.to_dict()!r})\n'
+      f'  c.model = ml_collections.ConfigDict({support.TINY.to_dict()!r})\n'
       '  return c\n')
   return str(path)
 
@@ -304,7 +300,8 @@ def test_import_refuses_a_workdir_that_holds_a_run(
     tmp_path, capfd, tokenizers, import_tool, export_dir, config_file, case):
   wd = tmp_path / 'wd'
   if case == 'checkpoint':
-    tue._imported_workdir(wd, tokenizers[0], params=tue._params(seed=2))
+    support.imported_workdir(wd, tokenizers[0],
+                             params=support.tiny_params(seed=2))
     what = f'{wd / "checkpoints"} already has checkpoints'
   else:
     wd.mkdir()

@@ -1,6 +1,5 @@
 """Train-loop tests: exact resumption, optimizer settings, metrics files."""
 
-import importlib.util
 import json
 import math
 import os
@@ -18,21 +17,9 @@ from prolip_jax.storage import checkpoint
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 
-
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                          'configs')
-
-
-def load_config(name):
-  """``get_config()`` of ``configs/NAME.py``."""
-  return presets.load_config_file(os.path.join(CONFIG_DIR, name + '.py'))
-
-
-def micro_config(total_steps=6):
-  c = load_config('prolip_micro')
-  c.total_steps = total_steps
-  c.mesh.num_devices = 1  # one device, whatever the host has
-  return c
+from support import load_config
+from support import micro_config
+from support import tool
 
 
 def _params(workdir):
@@ -166,14 +153,6 @@ def test_logit_scale_is_clamped_after_the_update(tmp_path):
   assert float(params['logit_scale']) <= math.log(100.0) + 1e-6
 
 
-def _tool(name):
-  path = os.path.join(os.path.dirname(CONFIG_DIR), 'tools', name + '.py')
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 @pytest.mark.slow
 def test_export_import_and_finetune_round_trip(tmp_path):
   """Train -> export (safetensors) -> load() the export -> import into a new
@@ -182,7 +161,7 @@ def test_export_import_and_finetune_round_trip(tmp_path):
   cfg = micro_config(total_steps=3)
   src, out, dst = (str(tmp_path / n) for n in ('src', 'export', 'dst'))
   train.train_and_evaluate(cfg, src)
-  _tool('export_pytorch').export(src, out)
+  tool('export_pytorch').export(src, out)
 
   captions = ['seven', 'a thick seven written on the left side']
   from_workdir = prolip_jax.load(src).encode_text(captions)
@@ -190,7 +169,7 @@ def test_export_import_and_finetune_round_trip(tmp_path):
   for a, b in zip(from_workdir, from_export):
     np.testing.assert_array_equal(a, b)
 
-  _tool('import_pytorch').import_weights(
+  tool('import_pytorch').import_weights(
       os.path.join(out, 'model.safetensors'), cfg, dst,
       tokenizer=os.path.join(out, 'tokenizer.model'))
   imported, meta = checkpoint.load_params(dst, step=0)

@@ -20,41 +20,11 @@ import pytest
 from prolip_jax import objectives
 from prolip_jax import sharding as shd
 from prolip_jax.config import presets
-from prolip_jax.data import transforms
-from prolip_jax.models import ProLIP
-from prolip_jax.training import optimizer
-from prolip_jax.training import train
+
+from support import MASK_ID
+from support import micro_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MASK_ID = 3
-
-
-class _Tokenizer:
-  vocab_size = 64
-  pad_id = 0
-
-
-def micro_step(c):
-  """``(model, tx, init, step, batch)`` for config ``c`` on one device: the
-  jitted initializer and train step of the run's state (an EMA with
-  ``optim.ema_decay``) and a random batch."""
-  model = ProLIP(train.model_config_for(c, _Tokenizer()))
-  mesh = shd.make_mesh({'data': 1, 'fsdp': 1, 'num_devices': 1})
-  tx, schedule = optimizer.make_optimizer(c.optim, c.total_steps)
-  init, shardings = train.run_state_initializer(c, model, tx, mesh)
-  step = jax.jit(
-      train.make_train_step(model, c, tx, schedule, mesh, MASK_ID),
-      in_shardings=(shardings, shd.batch_sharding(mesh),
-                    shd.replicated(mesh)),
-      out_shardings=(shardings, shd.replicated(mesh)))
-  rng = np.random.default_rng(0)
-  b, s = c.batch_size, model.config.vision.image_size
-  batch = shd.host_to_global(mesh, {
-      'image': rng.integers(0, 256, (b, s, s, 3), dtype=np.uint8),
-      'aug': np.tile(transforms.identity_aug_vector(), (b, 1)),
-      'tokens': rng.integers(4, 60, (b, model.config.text.context_length),
-                             dtype=np.int32)})
-  return model, tx, init, step, batch
 
 
 @pytest.mark.slow

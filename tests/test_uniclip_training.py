@@ -35,8 +35,8 @@ from prolip_jax.storage import checkpoint
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 
-from test_train import _tool
-from test_train import load_config
+from support import load_config
+from support import tool
 
 
 def micro(total_steps, batch_size=16):
@@ -212,7 +212,7 @@ def _check_load_and_export(workdir, train_eval, tmp_path):
                             == labels))
   assert tower_acc != acc
   with pytest.raises(ValueError, match="'uniclip' checkpoint"):
-    _tool('export_pytorch').export(workdir, str(tmp_path / 'export'))
+    tool('export_pytorch').export(workdir, str(tmp_path / 'export'))
   assert not os.path.exists(tmp_path / 'export' / 'model.safetensors')
 
 

@@ -15,8 +15,6 @@ lost.
 """
 
 import errno
-import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -25,7 +23,6 @@ import sys
 import time
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -33,107 +30,22 @@ from PIL import Image
 import prolip_jax
 from prolip_jax import errors
 from prolip_jax import main
-from prolip_jax.config import presets
 from prolip_jax.conversion import image_folder
 from prolip_jax.data import record_sources
 from prolip_jax.data.tokenizer import file_sha256
 from prolip_jax.data.tokenizer import Tokenizer
-from prolip_jax.data.tokenizer import train_tokenizer
-from prolip_jax.models import ModelConfig
-from prolip_jax.models import TextConfig
-from prolip_jax.models import VisionConfig
-from prolip_jax.models.prolip import init_params
 from prolip_jax.storage import checkpoint
 from prolip_jax.training import resume
 from prolip_jax.training import train
-import test_faults  # the micro config and the subprocess environment
+
+import support
+from support import assert_same_model
+from support import imported_workdir
+from support import tiny_params
+from support import tiny_run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
-
-# Pad 0, eos 1, unk 2, [MASK] 3: the ids of tokenizers trained here.
-TINY = ModelConfig(
-    embed_dim=16,
-    vision=VisionConfig(image_size=16, patch_size=8, width=32, layers=1,
-                        heads=2),
-    text=TextConfig(vocab_size=128, context_length=12, width=32, layers=1,
-                    heads=2, pad_id=0))
-
-
-def _load_module(relpath, name):
-  spec = importlib.util.spec_from_file_location(name,
-                                                os.path.join(REPO, relpath))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-@pytest.fixture(scope='module')
-def export_tool():
-  return _load_module('tools/export_pytorch.py', 'export_pytorch_r21')
-
-
-@pytest.fixture(scope='module')
-def import_tool():
-  return _load_module('tools/import_pytorch.py', 'import_pytorch_r21')
-
-
-@pytest.fixture(scope='module')
-def tokenizers(tmp_path_factory):
-  """Two valid sentencepiece models trained on different captions."""
-  d = tmp_path_factory.mktemp('tok')
-  words = ['red', 'green', 'blue', 'cat', 'dog', 'bird', 'a', 'photo', 'of',
-           'the', 'small', 'large', 'one', 'two', 'seven', 'digit']
-  rng = np.random.default_rng(0)
-  out = []
-  for name, shift in (('a.model', 0), ('b.model', 5)):
-    corpus = [' '.join(words[(j + shift) % len(words)] + 'xyz'[k % 3] * shift
-                       for j, k in zip(rng.integers(0, 16, 6), range(6)))
-              for _ in range(300)]
-    out.append(train_tokenizer(corpus, str(d / name), 60))
-  assert file_sha256(out[0]) != file_sha256(out[1])
-  return out
-
-
-@functools.lru_cache(maxsize=None)
-def _params(seed=0):
-  """Random parameters of TINY (numpy; no eager init: fast on CPU)."""
-  abstract = jax.eval_shape(lambda r: init_params(TINY, r),
-                            jax.random.PRNGKey(0))
-  rng = np.random.default_rng(seed)
-  return jax.tree.map(
-      lambda s: (0.1 * rng.standard_normal(s.shape)).astype(s.dtype),
-      abstract)
-
-
-def _run_config():
-  c = presets.base_config()
-  c.model = ml_collections.ConfigDict(TINY.to_dict())
-  return c
-
-
-def _imported_workdir(path, tokenizer, params=None, record_hash=True):
-  """A workdir with step 0 = ``params`` (as tools/import_pytorch.py writes)
-  and ``tokenizer`` copied in; ``record_hash=False`` writes the meta of a
-  checkpoint from before tokenizer hashes."""
-  params = _params() if params is None else params
-  tok = checkpoint.tokenizer_meta(Tokenizer(tokenizer, 12)) if (
-      record_hash) else None
-  checkpoint.write_imported(str(path), params,
-                            json.loads(_run_config().to_json_best_effort()),
-                            TINY.to_dict(), 'test', tokenizer=tok)
-  shutil.copyfile(tokenizer, os.path.join(path, checkpoint.TOKENIZER_FILE))
-  return str(path)
-
-
-def _assert_same_model(got, want):
-  """Same parameters bit for bit, same token ids."""
-  flat = lambda m: jax.tree_util.tree_flatten_with_path(m.params)[0]
-  for (pa, a), (pb, b) in zip(flat(got), flat(want), strict=True):
-    assert pa == pb
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  text = ['two blue birds', 'a photo of the digit seven']
-  np.testing.assert_array_equal(got.tokenizer(text), want.tokenizer(text))
 
 
 def _one_line(text):
@@ -161,7 +73,7 @@ def test_unreadable_tokenizer_file_is_one_line_naming_it(tmp_path, content):
 def test_swapped_tokenizer_is_refused_by_load_and_export(
     tmp_path, tokenizers, export_tool):
   a, b = tokenizers
-  wd = _imported_workdir(tmp_path / 'wd', a)
+  wd = imported_workdir(tmp_path / 'wd', a)
   ids_a = prolip_jax.load(wd).tokenizer(['a red cat'])
   shutil.copyfile(b, os.path.join(wd, checkpoint.TOKENIZER_FILE))  # swap
   for fn in (lambda: prolip_jax.load(wd),
@@ -183,13 +95,13 @@ def test_swapped_tokenizer_is_refused_by_load_and_export(
 def test_export_records_the_tokenizer_and_load_checks_it(
     tmp_path, tokenizers, export_tool):
   a, b = tokenizers
-  wd = _imported_workdir(tmp_path / 'wd', a)
+  wd = imported_workdir(tmp_path / 'wd', a)
   out = str(tmp_path / 'out')
   cfg = export_tool.export(wd, out)
   assert cfg['prolip_jax']['tokenizer_sha256'] == file_sha256(a)
   assert cfg['prolip_jax']['tokenizer_vocab_size'] == Tokenizer(
       a, 12).vocab_size
-  _assert_same_model(prolip_jax.load(out), prolip_jax.load(wd))
+  assert_same_model(prolip_jax.load(out), prolip_jax.load(wd))
   shutil.copyfile(b, os.path.join(out, 'tokenizer.model'))
   with pytest.raises(errors.TokenizerError, match='the export'):
     prolip_jax.load(out)
@@ -200,7 +112,7 @@ def test_export_records_the_tokenizer_and_load_checks_it(
 def test_checkpoints_without_a_tokenizer_hash_keep_working(
     tmp_path, tokenizers, export_tool):
   a, b = tokenizers
-  wd = _imported_workdir(tmp_path / 'wd', a, record_hash=False)
+  wd = imported_workdir(tmp_path / 'wd', a, record_hash=False)
   _, meta = checkpoint.load_params(wd)
   assert checkpoint.TOKENIZER_SHA256 not in meta
   shutil.copyfile(b, os.path.join(wd, checkpoint.TOKENIZER_FILE))
@@ -212,7 +124,7 @@ def test_checkpoints_without_a_tokenizer_hash_keep_working(
 def test_resume_refuses_a_swapped_or_missing_tokenizer_before_training_one(
     tmp_path, tokenizers):
   a, b = tokenizers
-  wd = _imported_workdir(tmp_path / 'wd', a)
+  wd = imported_workdir(tmp_path / 'wd', a)
   with checkpoint.manager(wd, read_only=True) as mngr:
     stored = resume.stored_config(mngr)
   config = micro_config()
@@ -229,11 +141,11 @@ def test_resume_refuses_a_swapped_or_missing_tokenizer_before_training_one(
 
 
 def micro_config(total_steps=4, **overrides):
-  return test_faults.micro_config(total_steps, **overrides)
+  return support.micro_config(total_steps, **overrides)
 
 
 def _env():
-  env = test_faults._env()  # pylint: disable=protected-access
+  env = support.main_env()
   env.pop('PROLIP_DEBUG', None)
   return env
 
@@ -284,8 +196,8 @@ def _files(d):
 def test_export_is_replaced_whole_and_a_failed_export_keeps_the_old(
     tmp_path, tokenizers, export_tool, monkeypatch):
   a, _ = tokenizers
-  wd1 = _imported_workdir(tmp_path / 'wd1', a)
-  wd2 = _imported_workdir(tmp_path / 'wd2', a, params=_params(seed=1))
+  wd1 = imported_workdir(tmp_path / 'wd1', a)
+  wd2 = imported_workdir(tmp_path / 'wd2', a, params=tiny_params(seed=1))
   out = str(tmp_path / 'out')
   export_tool.export(wd1, out, hub_compatible=True)
   old = _files(out)
@@ -308,12 +220,12 @@ def test_export_is_replaced_whole_and_a_failed_export_keeps_the_old(
   new = _files(out)
   assert 'prolip_jax.json' not in new
   assert new['model.safetensors'] != old['model.safetensors']
-  _assert_same_model(prolip_jax.load(out), prolip_jax.load(wd2))
+  assert_same_model(prolip_jax.load(out), prolip_jax.load(wd2))
 
 
 def test_stale_staging_folder_of_a_killed_export_is_cleaned(
     tmp_path, tokenizers, export_tool):
-  wd = _imported_workdir(tmp_path / 'wd', tokenizers[0])
+  wd = imported_workdir(tmp_path / 'wd', tokenizers[0])
   dead = subprocess.Popen([sys.executable, '-c', 'pass'])
   dead.wait()
   stale = tmp_path / f'.out.partial-{dead.pid}-abc'
@@ -340,7 +252,7 @@ def test_replace_dir_without_an_atomic_exchange_still_replaces_whole(
 
 def test_export_refuses_a_folder_that_is_not_an_export(
     tmp_path, tokenizers, export_tool):
-  wd = _imported_workdir(tmp_path / 'wd', tokenizers[0])
+  wd = imported_workdir(tmp_path / 'wd', tokenizers[0])
   mine = tmp_path / 'mine'
   mine.mkdir()
   (mine / 'notes.txt').write_text('keep me')
@@ -351,7 +263,7 @@ def test_export_refuses_a_folder_that_is_not_an_export(
 
 def test_created_files_follow_the_umask(tmp_path, tokenizers, export_tool,
                                         import_tool):
-  wd = _imported_workdir(tmp_path / 'wd', tokenizers[0])
+  wd = imported_workdir(tmp_path / 'wd', tokenizers[0])
   old = os.umask(0o022)
   try:
     out = tmp_path / 'out'
@@ -361,7 +273,7 @@ def test_created_files_follow_the_umask(tmp_path, tokenizers, export_tool,
       assert oct(os.stat(out / name).st_mode & 0o777) == oct(0o644), name
     src = out / 'model.safetensors'
     wd2 = tmp_path / 'wd2'
-    import_tool.import_weights(str(src), _run_config(), str(wd2),
+    import_tool.import_weights(str(src), tiny_run_config(), str(wd2),
                                tokenizers[0])
     for root, dirs, files in os.walk(wd2):
       for n in dirs:
@@ -376,7 +288,7 @@ def test_import_is_whole_or_nothing(tmp_path, tokenizers, export_tool,
                                     import_tool, monkeypatch):
   a, _ = tokenizers
   out = tmp_path / 'out'
-  export_tool.export(_imported_workdir(tmp_path / 'wd0', a), str(out))
+  export_tool.export(imported_workdir(tmp_path / 'wd0', a), str(out))
   src = str(out / 'model.safetensors')
   wd = tmp_path / 'wd'
 
@@ -385,7 +297,7 @@ def test_import_is_whole_or_nothing(tmp_path, tokenizers, export_tool,
     raise KeyboardInterrupt('killed')
   monkeypatch.setattr(import_tool.shutil, 'copyfile', boom)
   with pytest.raises(KeyboardInterrupt):
-    import_tool.import_weights(src, _run_config(), str(wd), a)
+    import_tool.import_weights(src, tiny_run_config(), str(wd), a)
   monkeypatch.undo()
   assert not wd.exists()
   assert sorted(os.listdir(tmp_path)) == ['out', 'wd0']
@@ -395,27 +307,28 @@ def test_import_is_whole_or_nothing(tmp_path, tokenizers, export_tool,
   wd.mkdir()
   (wd / 'notes.txt').write_text('mine')
   shutil.copyfile(a, wd / 'tokenizer.model')
-  import_tool.import_weights(src, _run_config(), str(wd), a)
+  import_tool.import_weights(src, tiny_run_config(), str(wd), a)
   assert (wd / 'notes.txt').read_text() == 'mine'
   _, meta = checkpoint.load_params(str(wd))
   assert meta[checkpoint.TOKENIZER_SHA256] == file_sha256(a)
-  _assert_same_model(prolip_jax.load(str(wd)),
-                     prolip_jax.load(str(tmp_path / 'wd0')))
+  assert_same_model(prolip_jax.load(str(wd)),
+                    prolip_jax.load(str(tmp_path / 'wd0')))
   # A second import into it is refused; nothing changes.
   with pytest.raises(import_tool.ImportFailed, match='already has'):
-    import_tool.import_weights(src, _run_config(), str(wd), a)
+    import_tool.import_weights(src, tiny_run_config(), str(wd), a)
 
 
 def test_import_refuses_an_unreadable_tokenizer_before_writing(
     tmp_path, tokenizers, export_tool, import_tool):
   out = tmp_path / 'out'
-  export_tool.export(_imported_workdir(tmp_path / 'wd0', tokenizers[0]),
+  export_tool.export(imported_workdir(tmp_path / 'wd0', tokenizers[0]),
                      str(out))
   bad = tmp_path / 'bad.model'
   bad.write_bytes(b'\x01\x02 nope')
   with pytest.raises(errors.TokenizerError, match=str(bad)):
-    import_tool.import_weights(str(out / 'model.safetensors'), _run_config(),
-                               str(tmp_path / 'wd'), str(bad))
+    import_tool.import_weights(str(out / 'model.safetensors'),
+                               tiny_run_config(), str(tmp_path / 'wd'),
+                               str(bad))
   assert not (tmp_path / 'wd').exists()
 
 
@@ -682,7 +595,7 @@ def test_disk_full_during_a_checkpoint_write_is_one_line(tmp_path):
 
 @pytest.fixture(scope='module')
 def model(tmp_path_factory, tokenizers):
-  wd = _imported_workdir(tmp_path_factory.mktemp('m') / 'wd', tokenizers[0])
+  wd = imported_workdir(tmp_path_factory.mktemp('m') / 'wd', tokenizers[0])
   return prolip_jax.load(wd)
 
 
@@ -758,14 +671,14 @@ def test_empty_inputs_give_empty_arrays(model):
 @pytest.mark.parametrize('what', ['nan_weight', 'inf_logit_scale'])
 def test_load_refuses_non_finite_parameters(tmp_path, tokenizers, what,
                                             export_tool):
-  params = jax.tree.map(np.array, _params())
+  params = jax.tree.map(np.array, tiny_params())
   if what == 'nan_weight':
     params['visual']['conv1']['kernel'][0, 0, 0, 0] = np.nan
     key = "['visual']['conv1']['kernel']"
   else:
     params['logit_scale'] = np.array(np.inf, np.float32)
     key = "['logit_scale']"
-  wd = _imported_workdir(tmp_path / 'wd', tokenizers[0], params=params)
+  wd = imported_workdir(tmp_path / 'wd', tokenizers[0], params=params)
   with pytest.raises(errors.NonFiniteParamsError) as e:
     prolip_jax.load(wd)
   assert key in str(e.value) and '\n' not in str(e.value)

@@ -12,9 +12,14 @@ batch on every device, on the device ring of ``prolip_jax.losses.ring``):
 
   siglip_loss_blockwise == siglip_loss  (SigLIP eq. 1, bidirectional ring)
   clip_loss_blockwise   == clip_loss    (two one-way rings, online logsumexp)
+
+The dense function is each loss's one entry: with ``axis_name`` it runs the
+blockwise form.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +46,8 @@ def siglip_logits(emb_img: Array, emb_txt: Array, scale: Array,
 
 
 def siglip_loss(emb_img: Array, emb_txt: Array, scale: Array,
-                bias: Array) -> Array:
+                bias: Array, *, axis_name: Optional[ring.AxisName] = None
+                ) -> Array:
   """SigLIP's pairwise sigmoid loss (Zhai et al., 2023, eq. 1).
 
   ``-sum_ij log sigmoid(y_ij (t x_i . y_j + b)) / n`` with y_ij = +1 on the
@@ -50,10 +56,15 @@ def siglip_loss(emb_img: Array, emb_txt: Array, scale: Array,
   Args:
     emb_img, emb_txt: ``(n, d)`` L2-normalised embeddings.
     scale: ``t`` (init 10). bias: ``b`` (init -10).
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards and the result is ``siglip_loss_blockwise``'s global loss.
 
   Returns:
     scalar float32 loss.
   """
+  if axis_name is not None:
+    return siglip_loss_blockwise(emb_img, emb_txt, scale, bias, axis_name)
   logits = siglip_logits(emb_img, emb_txt, scale, bias)
   return sigmoid_pairwise_loss_sum(logits) / logits.shape[0]
 
@@ -107,7 +118,8 @@ def infonce_terms(lse_negatives: Array, positive: Array) -> Array:
   return jax.nn.softplus(lse_negatives - positive)
 
 
-def clip_loss(emb_img: Array, emb_txt: Array, scale: Array) -> Array:
+def clip_loss(emb_img: Array, emb_txt: Array, scale: Array, *,
+              axis_name: Optional[ring.AxisName] = None) -> Array:
   """CLIP's symmetric InfoNCE (Radford et al., 2021).
 
   Mean of the image-to-text and text-to-image cross-entropies over logits
@@ -123,10 +135,15 @@ def clip_loss(emb_img: Array, emb_txt: Array, scale: Array) -> Array:
   Args:
     emb_img, emb_txt: ``(n, d)`` L2-normalised embeddings.
     scale: the inverse temperature (CLIP initialises it to 1/0.07).
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards and the result is ``clip_loss_blockwise``'s global loss.
 
   Returns:
     scalar float32 loss.
   """
+  if axis_name is not None:
+    return clip_loss_blockwise(emb_img, emb_txt, scale, axis_name)
   logits = siglip_logits(emb_img, emb_txt, scale, 0.0)
   diag = jnp.diagonal(logits)
   negatives = jnp.where(jnp.eye(*logits.shape, dtype=bool), -jnp.inf, logits)

@@ -28,7 +28,8 @@ iterations, eta "a large constant, e.g., 100", EMA decay 0.999.
 Both a dense form (one device holds the batch) and a blockwise form (inside
 ``shard_map``; never more than one ``b_local x b_local`` block of any B x B
 matrix per device, on the device ring of ``prolip_jax.losses.ring``) are
-provided; see ``otter_loss_blockwise``. The EMA teacher itself (section 3.4)
+provided; see ``otter_loss_blockwise``. ``otter_loss`` is the one entry:
+with ``axis_name`` it runs the blockwise form. The EMA teacher itself (section 3.4)
 is the run's moving average of the parameters (``optim.ema_decay``,
 ``prolip_jax.training.optimizer.ema_update``).
 
@@ -212,9 +213,10 @@ def otter_loss(img: Array, txt: Array, img_t: Array, txt_t: Array,
                lam: float = OTTER_LAMBDA, n_iter: int = OTTER_ITERS,
                gamma_v: float = OTTER_GAMMA_V, gamma_t: float = OTTER_GAMMA_T,
                eta: float = OTTER_ETA, logvar_img: Optional[Array] = None,
-               logvar_txt: Optional[Array] = None
+               logvar_txt: Optional[Array] = None, *,
+               axis_name: Optional[ring.AxisName] = None
                ) -> tuple[Array, dict[str, Array]]:
-  """OTTER's objective (eq. 3, Algorithm 1) on one device's batch.
+  """OTTER's objective (eq. 3, Algorithm 1); blockwise with ``axis_name``.
 
   L = alpha * L_InfoNCE + (1 - alpha) * L_d with
   L_InfoNCE = CE(p_v, I) + CE(p_t, I) and L_d = CE(p_v, M_v) + CE(p_t, M_t),
@@ -238,11 +240,19 @@ def otter_loss(img: Array, txt: Array, img_t: Array, txt_t: Array,
     alpha: weight of the hard InfoNCE labels (paper 0.5).
     lam, n_iter, gamma_v, gamma_t, eta: see ``otter_targets``.
     logvar_img, logvar_txt: optional ``(N, d)`` log-variances.
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards and the result is ``otter_loss_blockwise``'s global loss.
 
   Returns:
     ``(loss, metrics)`` with metrics ``loss``, ``infonce`` (L_v + L_t with
     one-hot targets) and ``otter_distill`` (L_d).
   """
+  if axis_name is not None:
+    return otter_loss_blockwise(img, txt, img_t, txt_t, scale, axis_name,
+                                alpha=alpha, lam=lam, n_iter=n_iter,
+                                gamma_v=gamma_v, gamma_t=gamma_t, eta=eta,
+                                logvar_img=logvar_img, logvar_txt=logvar_txt)
   logits = _student_logits(img, txt, scale, logvar_img, logvar_txt)
   m_v, m_t = otter_targets(img_t, txt_t, lam, n_iter, gamma_v, gamma_t, eta)
   eye = jnp.eye(logits.shape[0], dtype=logits.dtype)

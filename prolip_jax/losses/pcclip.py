@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from prolip_jax.config.paper import PCCLIP_TAU
+from prolip_jax.losses import ring
 from prolip_jax.losses.contrastive import clip_loss
-from prolip_jax.losses.contrastive import clip_loss_blockwise
 from prolip_jax.losses.contrastive import unit_rows
 from prolip_jax.losses.probabilistic import to_compute_dtype
 
@@ -77,8 +77,6 @@ def difference_alignment_loss(img_i_emb: Array, img_j_emb: Array,
     x = unit_rows(x)
   y = unit_rows(diff_txt_emb)
   if squared:
-    loss = jnp.mean(jnp.sum((x - y)**2, axis=-1))
-    return loss if axis_name is None else jax.lax.pmean(loss, axis_name)
-  if axis_name is None:
-    return clip_loss(x, y, scale)
-  return clip_loss_blockwise(x, y, scale, axis_name)
+    return ring.global_mean(jnp.mean(jnp.sum((x - y)**2, axis=-1)),
+                            axis_name)
+  return clip_loss(x, y, scale, axis_name=axis_name)

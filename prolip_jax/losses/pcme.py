@@ -22,6 +22,9 @@ itself. Release initial values: a = 5, b = 5
 release's optional extras (pseudo-positives via ``smoothness_alpha``,
 Mixup/CutMix, VIB) are not included here; VIB is ``vib_loss``.
 
+``pcme_pml_loss`` is the one entry: with ``axis_name`` (inside
+``shard_map``) it runs ``pcme_pml_loss_blockwise`` on the device ring.
+
 Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
 float32, float64 inputs give float64.
 """
@@ -58,7 +61,8 @@ def pcme_pml_logits(mu_img: Array, logvar_img: Array, mu_txt: Array,
 
 def pcme_pml_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
                   logvar_txt: Array, scale: Array, bias: Array,
-                  matched: Optional[Array] = None) -> Array:
+                  matched: Optional[Array] = None, *,
+                  axis_name: Optional[ring.AxisName] = None) -> Array:
   """PCME++'s probabilistic matching loss: mean pairwise BCE over CSD logits.
 
   L = -(1/(n m)) sum_ij [y_ij log sig(l_ij) + (1 - y_ij) log sig(-l_ij)]
@@ -69,11 +73,21 @@ def pcme_pml_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
     scale: ``a`` (release init 5). bias: ``b`` (release init 5).
     matched: optional ``(n, m)`` labels in [0, 1]; default the identity
       (row i matches column i), which needs n == m.
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards and the result is ``pcme_pml_loss_blockwise``'s global loss
+      (diagonal positives only: ``matched`` must be None).
 
   Returns:
     scalar float32 loss, averaged over the n*m pairs (the release's value is
     twice this, see the module docstring).
   """
+  if axis_name is not None:
+    if matched is not None:
+      raise ValueError('pcme_pml_loss with axis_name takes the diagonal '
+                       'positives only: matched must be None')
+    return pcme_pml_loss_blockwise(mu_img, logvar_img, mu_txt, logvar_txt,
+                                   scale, bias, axis_name)
   logits = pcme_pml_logits(mu_img, logvar_img, mu_txt, logvar_txt, scale,
                            bias)
   if matched is None:

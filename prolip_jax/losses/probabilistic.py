@@ -17,6 +17,11 @@ batch up to summation order). The blockwise forms run on the device ring of
 
   ppcl_loss_blockwise   == ppcl_loss    (eq. 2, logits of appendix A.1)
   prolip_loss_blockwise == prolip_loss  (eq. 6)
+
+The dense function is each loss's one entry: given ``axis_name`` (inside
+``shard_map``) it runs the blockwise form, so a caller that may or may not
+split its batch passes its ``axis_name`` (None: one device) and never
+chooses between the two.
 """
 
 from __future__ import annotations
@@ -168,7 +173,8 @@ def sigmoid_pairwise_loss_blockwise(logits_fn: Callable[[Any, Any], Array],
 
 
 def ppcl_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
-              logvar_txt: Array, scale: Array, bias: Array) -> Array:
+              logvar_txt: Array, scale: Array, bias: Array, *,
+              axis_name: Optional[ring.AxisName] = None) -> Array:
   """Probabilistic pairwise contrastive loss, PPCL (paper eq. 2).
 
   Sigmoid loss over all image-text pairs of the batch with CSD-based logits
@@ -180,10 +186,16 @@ def ppcl_loss(mu_img: Array, logvar_img: Array, mu_txt: Array,
     mu_img, logvar_img, mu_txt, logvar_txt: ``(n, d)``; row i of the images is
       paired with row i of the texts.
     scale: ``a`` (positive, init 10). bias: ``b`` (init -10).
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards and the result is ``ppcl_loss_blockwise``'s global loss.
 
   Returns:
     scalar float32 loss.
   """
+  if axis_name is not None:
+    return ppcl_loss_blockwise(mu_img, logvar_img, mu_txt, logvar_txt, scale,
+                               bias, axis_name)
   logits = ppcl_logits(mu_img, logvar_img, mu_txt, logvar_txt, scale, bias)
   return sigmoid_pairwise_loss_sum(logits) / logits.shape[0]
 
@@ -414,8 +426,9 @@ def prolip_loss(img: GaussianBatch, txt: GaussianBatch, scale: Array,
                 alpha1: float = ALPHA1, alpha2: float = ALPHA2,
                 beta: float = BETA, c: float = INCLUSION_C,
                 eps: float = INCLUSION_EPS, vib_release_quirk: bool = False,
-                guard: bool = True) -> tuple[Array, dict[str, Array]]:
-  """The full ProLIP objective of eq. 6 on one device's batch.
+                guard: bool = True, axis_name: Optional[ring.AxisName] = None
+                ) -> tuple[Array, dict[str, Array]]:
+  """The full ProLIP objective of eq. 6 (its blockwise form with ``axis_name``).
 
   L = PPCL(v, t) + alpha1 * L_inc(v ⊂ t)
       + alpha2 * [L_inc(v ⊂ v_masked) + L_inc(t ⊂ t_masked)]
@@ -433,10 +446,19 @@ def prolip_loss(img: GaussianBatch, txt: GaussianBatch, scale: Array,
     c, eps: inclusion-loss sharpness and stability exponent.
     vib_release_quirk: see ``vib_loss``.
     guard: drop exploding terms for the step as the release does.
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards and the result is ``prolip_loss_blockwise``'s (see its
+      masked-copy convention).
 
   Returns:
     ``(total, metrics)``; metrics holds every unweighted term and ``loss``.
   """
+  if axis_name is not None:
+    return prolip_loss_blockwise(
+        img, txt, scale, bias, img_masked, txt_masked, axis_name=axis_name,
+        alpha1=alpha1, alpha2=alpha2, beta=beta, c=c, eps=eps,
+        vib_release_quirk=vib_release_quirk, guard=guard)
   terms = {'ppcl': ppcl_loss(img.mu, img.logvar, txt.mu, txt.logvar, scale,
                              bias)}
   terms.update(prolip_regularizers(img, txt, img_masked, txt_masked, c=c,

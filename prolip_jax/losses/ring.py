@@ -72,15 +72,15 @@ depend on how the tuple is linearised.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 
 AxisName = Union[str, Sequence[str]]
 
-__all__ = ['AxisName', 'axis_size', 'hashable_axis', 'ring_fold', 'ring_sum',
-           'varying']
+__all__ = ['AxisName', 'axis_size', 'global_mean', 'hashable_axis',
+           'ring_fold', 'ring_sum', 'varying']
 
 
 def hashable_axis(axis_name: AxisName):
@@ -93,6 +93,18 @@ def hashable_axis(axis_name: AxisName):
 def axis_size(axis_name) -> int:
   """Number of devices N along ``axis_name`` (a name or a tuple of names)."""
   return int(jax.lax.axis_size(axis_name))
+
+
+def global_mean(local_mean: Any, axis_name: Optional[AxisName]) -> Any:
+  """The global batch's mean from each device's mean over its rows.
+
+  ``pmean`` over ``axis_name`` (every device holds the same number of rows,
+  so the mean of the local means is the global one); with ``axis_name``
+  None (one device holds the batch) ``local_mean`` itself.
+  """
+  if axis_name is None:
+    return local_mean
+  return jax.lax.pmean(local_mean, hashable_axis(axis_name))
 
 
 def varying(tree: Any, axis_name) -> Any:

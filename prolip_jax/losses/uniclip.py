@@ -44,6 +44,9 @@ Initial values of tau_D, b_D are not in the text we have;
 ``prolip_jax.objectives.uniclip.init_uniclip_params`` uses CLIP's tau = 0.07
 and b = 0 (eq. 16 then starts as eq. 13).
 
+``mp_nce_loss`` is the one entry: with ``axis_name`` (inside ``shard_map``)
+it runs ``mp_nce_loss_sharded`` (local anchors, gathered candidates).
+
 Arithmetic in ``probabilistic.compute_dtype``: where a docstring says
 float32, float64 embeddings give float64.
 """
@@ -137,7 +140,8 @@ def mp_nce_from_logits(logits: Array, positives: Array,
 def mp_nce_loss(z_img_views: Array, z_txt: Array, temperatures: Array,
                 offsets: Array,
                 weights: Optional[Sequence[float]] = UNICLIP_WEIGHTS,
-                sample_ids: Optional[Array] = None
+                sample_ids: Optional[Array] = None, *,
+                axis_name: Optional[ring.AxisName] = None
                 ) -> tuple[Array, dict[str, Array]]:
   """UniCLIP's MP-NCE loss (eq. 12) with domain-dependent scores (eq. 16).
 
@@ -155,6 +159,10 @@ def mp_nce_loss(z_img_views: Array, z_txt: Array, temperatures: Array,
     sample_ids: optional ``(N,)`` ints; samples sharing an id are positives
       of each other across all views and texts (e.g. duplicated captions or
       images). Default: every sample its own id.
+    axis_name: None for the batch on one device; inside ``shard_map``, the
+      mesh axis name(s) the batch is sharded over: the arrays are then local
+      shards (``sample_ids`` their GLOBAL ids) and the result is
+      ``mp_nce_loss_sharded``'s global loss.
 
   Returns:
     ``(loss, metrics)``: the mean over the M = (V + 1) N anchors of L_i, and
@@ -162,6 +170,9 @@ def mp_nce_loss(z_img_views: Array, z_txt: Array, temperatures: Array,
     ``_text_text``, the parts of the loss from each domain pair (they sum to
     the loss).
   """
+  if axis_name is not None:
+    return mp_nce_loss_sharded(z_img_views, z_txt, temperatures, offsets,
+                               axis_name, weights, sample_ids)
   z_img_views, z_txt = to_compute_dtype(z_img_views, z_txt)
   v, n, d = z_img_views.shape
   if z_txt.shape != (n, d):

@@ -214,8 +214,10 @@ class Objective:
 
     ``img``/``txt``: ``losses.GaussianBatch`` (logvar None for deterministic
     towers); ``img_aux``/``txt_aux``: what ``aux_towers`` adds, else None.
-    With ``axis_name`` the arrays are local shards and the function uses the
-    blockwise forms; the result is the global-batch loss on every device.
+    With ``axis_name`` the arrays are local shards: the function passes it
+    to the losses' entries (``clip_loss(..., axis_name=axis_name)``), which
+    then run their blockwise forms; the result is the global-batch loss on
+    every device.
     """
     raise NotImplementedError
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from prolip_jax.losses import clip_loss
-from prolip_jax.losses import clip_loss_blockwise
 from prolip_jax.objectives.base import Objective
 
 # CLIP's initial temperature 0.07 as the model's logit scale a = 1 / 0.07.
@@ -23,9 +22,6 @@ class CLIPObjective(Objective):
 
     def clip(img, txt, scale, bias, *_):
       del bias
-      if axis_name is None:
-        loss = clip_loss(img.mu, txt.mu, scale)
-      else:
-        loss = clip_loss_blockwise(img.mu, txt.mu, scale, axis_name)
+      loss = clip_loss(img.mu, txt.mu, scale, axis_name=axis_name)
       return loss, {'loss': loss, 'clip': loss}
     return clip

@@ -18,7 +18,6 @@ from prolip_jax.config import keys as config_keys
 from prolip_jax.config.paper import OTTER_EMA_DECAY
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import otter_loss
-from prolip_jax.losses import otter_loss_blockwise
 from prolip_jax.objectives.base import Objective
 from prolip_jax.objectives.clip import CLIP_SCALE_INIT
 
@@ -56,12 +55,9 @@ class OTTERObjective(Objective):
 
     def otter(img, txt, scale, bias, img_t, txt_t):
       del bias
-      lv = dict(logvar_img=img.logvar, logvar_txt=txt.logvar)
-      if axis_name is None:
-        return otter_loss(img.mu, txt.mu, img_t.mu, txt_t.mu, scale,
-                          **kwargs, **lv)
-      return otter_loss_blockwise(img.mu, txt.mu, img_t.mu, txt_t.mu, scale,
-                                  axis_name, **kwargs, **lv)
+      return otter_loss(img.mu, txt.mu, img_t.mu, txt_t.mu, scale,
+                        logvar_img=img.logvar, logvar_txt=txt.logvar,
+                        axis_name=axis_name, **kwargs)
     return otter
 
   def aux_towers(self, model, config):

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import jax
-
 from prolip_jax.config import paper
 from prolip_jax.losses import pcme_pml_loss
-from prolip_jax.losses import pcme_pml_loss_blockwise
+from prolip_jax.losses import ring
 from prolip_jax.losses import vib_loss
 from prolip_jax.objectives.base import Objective
 
@@ -28,21 +26,16 @@ class PCMEObjective(Objective):
     quirk = bool(loss_cfg.vib_release_quirk)
 
     def pcme(img, txt, scale, bias, *_):
-      if axis_name is None:
-        pml = pcme_pml_loss(img.mu, img.logvar, txt.mu, txt.logvar, scale,
-                            bias)
-      else:
-        pml = pcme_pml_loss_blockwise(img.mu, img.logvar, txt.mu, txt.logvar,
-                                      scale, bias, axis_name)
+      pml = pcme_pml_loss(img.mu, img.logvar, txt.mu, txt.logvar, scale,
+                          bias, axis_name=axis_name)
       metrics = {'pml': pml}
       loss = pml
       if beta > 0:
-        # Each device's VIB is a mean over its rows; averaging over the
-        # (equal) shards gives the global-batch mean.
-        vib = 0.5 * (vib_loss(img.mu, img.logvar, quirk)
-                     + vib_loss(txt.mu, txt.logvar, quirk))
-        if axis_name is not None:
-          vib = jax.lax.pmean(vib, axis_name)
+        # Each device's VIB is a mean over its rows (the global one
+        # without axis_name).
+        vib = ring.global_mean(0.5 * (vib_loss(img.mu, img.logvar, quirk)
+                                      + vib_loss(txt.mu, txt.logvar, quirk)),
+                               axis_name)
         metrics['vib'] = vib
         loss = loss + beta * vib
       metrics['loss'] = loss

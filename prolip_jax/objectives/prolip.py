@@ -17,7 +17,6 @@ from prolip_jax import sharding as shd
 from prolip_jax.config import presets
 from prolip_jax.losses import GaussianBatch
 from prolip_jax.losses import prolip_loss
-from prolip_jax.losses import prolip_loss_blockwise
 from prolip_jax.models import masking
 from prolip_jax.objectives.base import loss_kwargs
 from prolip_jax.objectives.base import Objective
@@ -74,11 +73,8 @@ class ProLIPObjective(Objective):
     masking_stride(config.masking.fraction)
 
   def local_loss(self, loss_cfg, axis_name: Optional[Any] = None):
-    kwargs = loss_kwargs(loss_cfg)
-    if axis_name is None:
-      return lambda *a: prolip_loss(*a, **kwargs)
-    return lambda *a: prolip_loss_blockwise(
-        *a, axis_name=axis_name, **kwargs)
+    return functools.partial(prolip_loss, axis_name=axis_name,
+                             **loss_kwargs(loss_cfg))
 
   def batch_multiple(self, config) -> int:
     """The masking stride: each device takes every stride-th pair of its

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from prolip_jax.losses import siglip_loss
-from prolip_jax.losses import siglip_loss_blockwise
 from prolip_jax.objectives.base import Objective
 
 
@@ -18,9 +17,6 @@ class SigLIPObjective(Objective):
     del loss_cfg
 
     def siglip(img, txt, scale, bias, *_):
-      if axis_name is None:
-        loss = siglip_loss(img.mu, txt.mu, scale, bias)
-      else:
-        loss = siglip_loss_blockwise(img.mu, txt.mu, scale, bias, axis_name)
+      loss = siglip_loss(img.mu, txt.mu, scale, bias, axis_name=axis_name)
       return loss, {'loss': loss, 'siglip': loss}
     return siglip

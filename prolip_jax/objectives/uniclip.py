@@ -240,11 +240,8 @@ class UniCLIPObjective(Objective):
     def mp_nce(z_views, z_txt, temperatures, offsets):
       views = z_views.transpose(1, 0, 2)  # (V, b, E)
       weights = resolve_weights(mode, views.shape[0])
-      if axis_name is None:
-        return uniclip_loss.mp_nce_loss(views, z_txt, temperatures, offsets,
-                                        weights)
-      return uniclip_loss.mp_nce_loss_sharded(views, z_txt, temperatures,
-                                              offsets, axis_name, weights)
+      return uniclip_loss.mp_nce_loss(views, z_txt, temperatures, offsets,
+                                      weights, axis_name=axis_name)
     return mp_nce
 
   def shard_specs(self) -> tuple:

@@ -1,0 +1,80 @@
+"""Fixtures several test modules use, registered for the whole suite by
+``conftest.py`` (``pytest_plugins``), so that no test module imports another
+for them. Plain helpers are in ``support.py``.
+
+A module-scoped fixture here is built once per module that uses it, as it
+was when the modules imported it from one another; ``workdir``, read only,
+is built once per session.
+"""
+
+import functools
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from prolip_jax.config import presets
+from prolip_jax.data import digits
+from prolip_jax.data import tokenizer as tok_lib
+from prolip_jax.models import init_params
+from prolip_jax.models import ModelConfig
+from prolip_jax.storage import checkpoint
+
+import support
+
+
+@pytest.fixture(scope='session')
+def workdir(tmp_path_factory):
+  """A workdir holding a randomly initialised tiny [UNC] model (32 wide,
+  one layer per tower) at step 1 and a tokenizer trained on the digits'
+  captions: what the evaluation tests load and score (read only)."""
+  path = str(tmp_path_factory.mktemp('eval_workdir'))
+  m = presets.model_preset('tiny')
+  m.vision.width = m.text.width = 32
+  m.vision.layers = m.text.layers = 1
+  m.vision.heads = m.text.heads = 2
+  m.text.context_length = 24
+  m.embed_dim = 16
+  m.init_unc_bias = -3.0
+  cfg = ModelConfig.from_config(m)
+  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
+      jax.random.key(0)))
+  corpus = digits.tokenizer_corpus()
+  tok_lib.train_tokenizer(corpus[:800] + corpus[-40:],
+                          os.path.join(path, checkpoint.TOKENIZER_FILE), 256)
+  with checkpoint.manager(path) as mngr:
+    checkpoint.save(mngr, 1, params, {'unused': np.zeros(1, np.float32)},
+                    {'model': cfg.to_dict(), 'config': {}, 'step': 1},
+                    force=True)
+    mngr.wait_until_finished()
+  return path
+
+
+@pytest.fixture(scope='module')
+def export_tool():
+  """``tools/export_pytorch.py`` as a module."""
+  return support.load_module('tools/export_pytorch.py', 'export_pytorch_r21')
+
+
+@pytest.fixture(scope='module')
+def import_tool():
+  """``tools/import_pytorch.py`` as a module."""
+  return support.load_module('tools/import_pytorch.py', 'import_pytorch_r21')
+
+
+@pytest.fixture(scope='module')
+def tokenizers(tmp_path_factory):
+  """Two valid sentencepiece models trained on different captions."""
+  d = tmp_path_factory.mktemp('tok')
+  words = ['red', 'green', 'blue', 'cat', 'dog', 'bird', 'a', 'photo', 'of',
+           'the', 'small', 'large', 'one', 'two', 'seven', 'digit']
+  rng = np.random.default_rng(0)
+  out = []
+  for name, shift in (('a.model', 0), ('b.model', 5)):
+    corpus = [' '.join(words[(j + shift) % len(words)] + 'xyz'[k % 3] * shift
+                       for j, k in zip(rng.integers(0, 16, 6), range(6)))
+              for _ in range(300)]
+    out.append(tok_lib.train_tokenizer(corpus, str(d / name), 60))
+  assert tok_lib.file_sha256(out[0]) != tok_lib.file_sha256(out[1])
+  return out
