@@ -25,6 +25,7 @@ from prolip_jax import errors
 from prolip_jax.config import presets
 from prolip_jax.evaluation import evaluator
 from prolip_jax.storage import checkpoint
+from prolip_jax.training import loop
 from prolip_jax.training import train
 
 from support import damage_file
@@ -884,13 +885,13 @@ def test_sigterm_in_the_last_step_leaves_the_final_evaluations_to_the_rerun(
   held-out row and the configured evaluator once; a third run adds
   nothing."""
   cfg = _with_evaluator(micro_config(total_steps=4), every_steps=0)
-  real = train._injected_fault  # pylint: disable=protected-access
+  real = loop._injected_fault  # pylint: disable=protected-access
 
   def sigterm_at_the_end(config, step):
     if step == config.total_steps:
       os.kill(os.getpid(), signal.SIGTERM)
     return real(config, step)
-  monkeypatch.setattr(train, '_injected_fault', sigterm_at_the_end)
+  monkeypatch.setattr(loop, '_injected_fault', sigterm_at_the_end)
   summary = train.train_and_evaluate(cfg, str(tmp_path))
   assert summary['preempted'] and summary['step'] == 4
   assert 'Stopped by SIGTERM at step 4' in capfd.readouterr().out

@@ -38,11 +38,11 @@ Settings (``snapshot_settings``):
   (``timm/ViT-B-16-SigLIP``) through the same cache, or the ``tokenizer``
   argument (a file, a directory or ``hf-hub:NAME``).
 
-``prepare_init_from(config, workdir)`` turns ``config.init_from`` (a snapshot
-or ``hf-hub:...``) into a step-0 checkpoint without optimizer state, so
-training fine-tunes it with a fresh AdamW (the rule of
-``tools/import_pytorch.py``); ``config.init_image_size`` fine-tunes it at
-another image size, the image position embeddings resampled
+``prepare_init_from(config, workdir, stored, mngr)`` turns
+``config.init_from`` (a snapshot or ``hf-hub:...``) into a step-0 checkpoint
+without optimizer state, so training fine-tunes it with a fresh AdamW (the
+rule of ``tools/import_pytorch.py``); ``config.init_image_size`` fine-tunes
+it at another image size, the image position embeddings resampled
 (``models.posemb``).
 """
 
@@ -456,10 +456,13 @@ def init_models(snapshot_model: dict[str, Any], config
   return stored, dict(stored, vision=dict(stored['vision'], image_size=size))
 
 
-def prepare_init_from(config, workdir):
-  """Applies ``config.init_from`` (snapshot dir or ``hf-hub:...``) to a run.
+def prepare_init_from(config, workdir, stored, mngr):
+  """Applies ``config.init_from`` (snapshot dir or ``hf-hub:...``) to a run;
+  returns the config and the workdir's stored state.
 
-  Without ``init_from`` the config comes back unchanged. Otherwise the
+  ``stored``: the workdir's ``stored_state.StoredState``, read by the
+  run's checkpoint manager ``mngr`` (which writes the step-0 checkpoint).
+  Without ``init_from`` both come back unchanged. Otherwise the
   snapshot decides ``config.model`` (its architecture; ``RUN_MODEL_KEYS``
   (dtype, remat, scan, attention) stay the run's), the tokenizer (``tokenizer.model_path``,
   ``pad_id``, ``mask_id``, ``clean``, ``keep_eos``) and ``data.mean``/
@@ -467,7 +470,8 @@ def prepare_init_from(config, workdir):
   checkpoint yet, its weights become a step-0 checkpoint with no optimizer
   state, which training resumes from with a fresh AdamW (as after
   ``tools/import_pytorch.py``).
-  A workdir with checkpoints resumes from them as usual.
+  A workdir with checkpoints resumes from them as usual; one without gets
+  its stored state read again after that write.
 
   ``config.init_image_size`` (0: the snapshot's) is the one architecture
   setting the run keeps over the snapshot's: the run trains at that
@@ -480,18 +484,19 @@ def prepare_init_from(config, workdir):
     if hasattr(config, 'get') and config.get('init_image_size'):
       raise ValueError('init_image_size applies to init_from only; set '
                        'model.vision.image_size for a run from scratch')
-    return config
+    return config, stored
   # pylint: disable=g-import-not-at-top
   import jax
   import ml_collections
   from jax.experimental import multihost_utils
   from prolip_jax.storage import checkpoint
+  from prolip_jax.storage.stored_state import StoredState
   from prolip_jax.models import ModelConfig
   from prolip_jax.models import posemb
   # pylint: enable=g-import-not-at-top
   path = resolve(src)
   s = snapshot_settings(path, config.get('init_tokenizer') or None)
-  stored, model = init_models(s.model, config)
+  snapshot_model, model = init_models(s.model, config)
   with config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext():
     config.model = ml_collections.ConfigDict(model)
     tok = config.tokenizer
@@ -504,9 +509,9 @@ def prepare_init_from(config, workdir):
     config.data.std = tuple(s.std)
     config.data.eval_view = s.image_view
     config.data.eval_image_order = s.image_order
-  if checkpoint.latest_step(workdir) is None:
+  if not stored.steps:
     if jax.process_index() == 0:
-      stored_cfg = ModelConfig.from_config(stored)
+      stored_cfg = ModelConfig.from_config(snapshot_model)
       model_cfg = ModelConfig.from_config(model)
       params, note = posemb.resample_image_posemb(
           load_params(path, stored_cfg), stored_cfg, model_cfg)
@@ -514,7 +519,9 @@ def prepare_init_from(config, workdir):
         print(f'note: {note}', flush=True)
       checkpoint.write_imported(
           workdir, params, json.loads(config.to_json_best_effort()),
-          model_cfg.to_dict(), src)
+          model_cfg.to_dict(), src, mngr=mngr)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('prolip_jax init_from')
-  return config
+    mngr.reload()  # the step 0 that process 0 wrote
+    stored = StoredState.read(mngr, workdir)
+  return config, stored

@@ -28,12 +28,14 @@ set aside, and the caller names the settings that differ.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import sys
 from typing import Any, Callable, Optional
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
@@ -104,23 +106,38 @@ class _Manager(ocp.CheckpointManager):
 
 
 def manager(workdir, max_to_keep: Optional[int] = 3,
-            save_interval_steps: int = 1, read_only: bool = False
-            ) -> ocp.CheckpointManager:
+            save_interval_steps: int = 1, read_only: bool = False,
+            create: bool = True) -> ocp.CheckpointManager:
   """A CheckpointManager over ``WORKDIR/checkpoints`` with our three items
-  (``UserError`` for a store Orbax cannot write: ``s3://``)."""
+  (``UserError`` for a store Orbax cannot write: ``s3://``). Opening it
+  lists the checkpointed steps. ``create=False``: the folder is not made
+  here (``create_directory`` makes it before the first save)."""
   Workdir.of(workdir).check_checkpoint_store()
   store_faults.configure_retries()  # TensorStore's, bounded (docs)
   if read_only:  # opens without creating or deleting anything
     options = ocp.CheckpointManagerOptions(create=False)
   else:
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, save_interval_steps=save_interval_steps)
+        max_to_keep=max_to_keep, save_interval_steps=save_interval_steps,
+        create=create)
   # Handlers for every item, so that restoring some of them does not warn
   # about the others.
   handlers = {name: ocp.StandardCheckpointHandler() for name in ARRAY_ITEMS}
   handlers['meta'] = ocp.JsonCheckpointHandler()
   return _Manager(Workdir.of(workdir).checkpoints, options=options,
                   item_handlers=handlers)
+
+
+def create_directory(mngr: ocp.CheckpointManager):
+  """Makes ``mngr``'s folder as Orbax does when it opens a manager with
+  ``create=True``: process 0 makes it, the others wait. A run opens its
+  manager with ``create=False`` before its checks and calls this once they
+  passed: a refused run leaves no folder."""
+  directory = paths.as_path(mngr.directory)
+  if jax.process_index() == 0 and not directory.exists():
+    directory.mkdir(parents=True, exist_ok=True)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('prolip_jax checkpoints folder')
 
 
 def _leaf_checksum(x: jax.Array) -> jax.Array:
@@ -232,24 +249,29 @@ def check_tokenizer(meta: dict[str, Any], tokenizer_path: str, owner: str,
 
 def write_imported(workdir, params: Any, config: dict[str, Any],
                    model: dict[str, Any], source: str,
-                   tokenizer: Optional[dict[str, Any]] = None):
+                   tokenizer: Optional[dict[str, Any]] = None,
+                   mngr: Optional[ocp.CheckpointManager] = None):
   """Writes imported weights as step 0 of ``workdir``, without optimizer
   state (training starts AdamW afresh from them; Orbax refuses an empty
   item, so the checkpoint holds only ``params`` and ``meta``).
 
   ``config``/``model``: the run and model configs as dicts; ``source``: where
   the weights came from (a file, a snapshot, ``hf-hub:...``); ``tokenizer``:
-  ``tokenizer_meta`` of the tokenizer imported with them, if any.
+  ``tokenizer_meta`` of the tokenizer imported with them, if any; ``mngr``:
+  the manager to write with (a run's, left open), one of its own when None.
   """
   meta = {'step': 0, 'config': config, 'model': model,
           'has_opt_state': False, 'imported_from': source,
           'checksums': {'params': checksum(params)[0]}, **(tokenizer or {})}
   Workdir.of(workdir).create()
-  with manager(workdir) as mngr:
-    mngr.save(0, args=ocp.args.Composite(
+  with (contextlib.nullcontext(mngr) if mngr is not None
+        else manager(workdir)) as writer:
+    # A run's manager opens with create=False (create_directory).
+    paths.as_path(writer.directory).mkdir(parents=True, exist_ok=True)
+    writer.save(0, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         meta=ocp.args.JsonSave(meta)), force=True)
-    mngr.wait_until_finished()
+    writer.wait_until_finished()
 
 
 def _path_text(path) -> str:
@@ -290,7 +312,8 @@ def tree_differences(saved: Any, target: Any, item: str) -> list[str]:
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
-            abstract_opt_state: Any, abstract_teacher: Optional[Any] = None
+            abstract_opt_state: Any, abstract_teacher: Optional[Any] = None,
+            meta: Optional[dict[str, Any]] = None
             ) -> tuple[Any, Optional[Any], Optional[Any], dict[str, Any]]:
   """Restores ``(params, opt_state, teacher, meta)`` onto the targets'
   shardings.
@@ -303,9 +326,11 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
 
   Raises ``TreeMismatchError`` (before reading any array) when the
   checkpoint's metadata lists other arrays than the targets; any other
-  failure means the checkpoint itself is damaged.
+  failure means the checkpoint itself is damaged. ``meta``: the step's
+  meta item when the caller has read it (read here when None).
   """
-  meta = read_meta(mngr, step)
+  if meta is None:
+    meta = read_meta(mngr, step)
   targets = {'params': abstract_params}
   if meta.get('has_opt_state', True):
     targets['opt_state'] = abstract_opt_state
@@ -445,14 +470,17 @@ def _newest_readable(mngr: ocp.CheckpointManager, read: Callable[[int], Any],
 def restore_newest(mngr: ocp.CheckpointManager, abstract_params: Any,
                    abstract_opt_state: Any,
                    abstract_teacher: Optional[Any] = None,
-                   set_aside: bool = False):
+                   set_aside: bool = False,
+                   known_meta: Optional[tuple[int, dict[str, Any]]] = None):
   """``(step, (params, opt_state, teacher, meta))`` of the newest step that
   restores and matches its checksums, or None without checkpoints.
 
   ``set_aside``: move each unreadable step to ``WORKDIR/checkpoints_
   unreadable/<step>`` (nothing is deleted), so that training can write that
   step again. A step that reads but does not fit the targets raises
-  ``TreeMismatchError`` and nothing is moved.
+  ``TreeMismatchError`` and nothing is moved. ``known_meta``: ``(step,
+  meta)`` already read (``StoredState.newest``): that step's meta is not
+  read again.
   """
   if not mngr.all_steps():
     return None
@@ -462,9 +490,11 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_params: Any,
       return ''
     return f'moved to {set_step_aside(mngr.directory, step)}'
 
+  known_step, meta = known_meta or (None, None)
   found = _newest_readable(
       mngr, lambda step: restore(mngr, step, abstract_params,
-                                 abstract_opt_state, abstract_teacher),
+                                 abstract_opt_state, abstract_teacher,
+                                 meta if step == known_step else None),
       'checkpoint', move)
   if set_aside:
     mngr.reload()

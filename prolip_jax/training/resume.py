@@ -1,6 +1,8 @@
 """What a run finds in its workdir before it trains: the stored run's
 settings against this one (``config_drift``), checkpoints an earlier run
-set aside, and the newest checkpoint restored (or a fresh state).
+set aside, and the newest checkpoint restored (or a fresh state). Each
+reads the workdir's ``StoredState``, read once per start
+(``storage/stored_state.py``).
 
 Every refusal here is one line and changes nothing on disk
 (docs/config_and_resume.md).
@@ -9,7 +11,7 @@ Every refusal here is one line and changes nothing on disk
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from absl import logging
 import jax
@@ -18,38 +20,21 @@ import jax.numpy as jnp
 from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
 from prolip_jax.storage import checkpoint
+from prolip_jax.storage import stored_state
+from prolip_jax.storage.stored_state import StoredState
 from prolip_jax.storage.workdir import Workdir
 
-def stored_meta(workdir) -> Optional[tuple[int, dict]]:
-  """``(step, meta)`` of the workdir's newest checkpoint whose meta reads,
-  or None (no checkpoints)."""
-  if not Workdir.of(workdir).has_checkpoints():
-    return None
-  with checkpoint.manager(workdir, read_only=True) as mngr:
-    return stored_config(mngr)
+# ``(step, meta)`` of a manager's newest checkpoint whose meta reads.
+stored_config = stored_state.newest_meta
 
 
-
-def stored_config(mngr) -> Optional[tuple[int, dict]]:
-  """``(step, meta)`` of the newest checkpoint whose meta reads, or None."""
-  for step in sorted(mngr.all_steps(), reverse=True):
-    try:
-      return step, checkpoint.read_meta(mngr, step)
-    except Exception:  # pylint: disable=broad-except
-      continue  # reported when its arrays fail to restore
-  return None
-
-
-def check_drift(config, workdir, is_chief: bool):
+def check_drift(config, stored: StoredState, is_chief: bool):
   """Stops on settings that would change the model or the data of the run
-  stored in the workdir; prints the other changes (they apply)."""
-  if not Workdir.of(workdir).has_checkpoints():
+  stored in the workdir (``stored.newest``); prints the other changes
+  (they apply)."""
+  if stored.newest is None:
     return
-  with checkpoint.manager(workdir, read_only=True) as mngr:
-    stored = stored_config(mngr)
-  if stored is None:
-    return
-  step, meta = stored
+  step, meta = stored.newest
   old = meta.get('config') or {}
   new = json.loads(config.to_json_best_effort())
   if not meta.get('has_opt_state', True):
@@ -61,20 +46,17 @@ def check_drift(config, workdir, is_chief: bool):
           + '; '.join(applied), flush=True)
 
 
-def check_nothing_set_aside(workdir, allow_fresh_start: bool):
+def check_nothing_set_aside(workdir: Workdir, stored: StoredState,
+                            allow_fresh_start: bool):
   """Refuses to train from step 0 over checkpoints that an earlier run set
   aside as unreadable (``checkpoints/`` empty or missing,
   ``checkpoints_unreadable/`` not): a week of training is not restarted
   without being asked to."""
-  aside = Workdir.of(workdir).unreadable
-  if allow_fresh_start or not aside.is_dir():
-    return
-  held = sorted(p.name for p in aside.iterdir())
-  if not held or checkpoint.latest_step(workdir) is not None:
+  if allow_fresh_start or not stored.set_aside or stored.steps:
     return
   raise errors.CheckpointError(
-      f'{checkpoint.checkpoint_dir(workdir)} has no checkpoint but {aside} '
-      f'holds {held}, set aside as unreadable; nothing '
+      f'{workdir.checkpoints} has no checkpoint but {workdir.unreadable} '
+      f'holds {list(stored.set_aside)}, set aside as unreadable; nothing '
       'was changed: restore a readable copy into checkpoints/, or pass '
       '--allow_fresh_start (train_and_evaluate(..., allow_fresh_start=True)) '
       'to train from step 0 anyway')
@@ -108,26 +90,28 @@ def mismatch_error(e: checkpoint.TreeMismatchError, config
       'settings or start a new --workdir')
 
 
-def restore_or_init(mngr, config, init_state: Callable, init_rng: jax.Array,
-                    abstract: Any, tx, state_shardings: Any,
-                    with_ema: bool) -> tuple[int, Any]:
-  """``(start step, train state)``: the newest readable checkpoint of
-  ``mngr`` restored into ``abstract``'s tree and shardings, or
-  ``init_state(init_rng)`` at step 0. Imported weights (no optimizer state)
-  get a fresh AdamW state; a checkpoint without the parameters' moving
-  average that ``with_ema`` asks for (imported weights, or ``optim.ema_decay``
-  turned on at this resume) starts it from the restored parameters. A healthy checkpoint that does not fit the config raises
-  ``ConfigDriftError`` (``mismatch_error``) and closes ``mngr``."""
+def restore_or_init(mngr, stored: StoredState, config, init_state: Callable,
+                    init_rng: jax.Array, abstract: Any, tx,
+                    state_shardings: Any, with_ema: bool
+                    ) -> tuple[int, Any, dict]:
+  """``(start step, train state, its checkpoint's meta)``: the newest
+  readable checkpoint of ``mngr`` restored into ``abstract``'s tree and
+  shardings (``stored.newest``'s meta not read again), or
+  ``init_state(init_rng)`` at step 0 (meta ``{}``). Imported weights (no
+  optimizer state) get a fresh AdamW state; a checkpoint without the
+  parameters' moving average that ``with_ema`` asks for (imported weights,
+  or ``optim.ema_decay`` turned on at this resume) starts it from the
+  restored parameters. A healthy checkpoint that does not fit the config
+  raises ``ConfigDriftError`` (``mismatch_error``)."""
   try:
     restored = checkpoint.restore_newest(
         mngr, abstract.params, abstract.opt_state, abstract.ema,
-        set_aside=True)
+        set_aside=True, known_meta=stored.newest)
   except checkpoint.TreeMismatchError as e:
-    mngr.close()
     raise mismatch_error(e, config) from e
   if restored is None:
-    return 0, init_state(init_rng)
-  start, (params, opt_state, ema, _) = restored
+    return 0, init_state(init_rng), {}
+  start, (params, opt_state, ema, meta) = restored
   if opt_state is None:  # imported weights: fine-tune with a fresh AdamW
     opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(
         params)
@@ -144,4 +128,4 @@ def restore_or_init(mngr, config, init_state: Callable, init_rng: jax.Array,
   # step would be traced and compiled once more at its second call.
   step = jax.device_put(jnp.asarray(start, jnp.int32), state_shardings.step)
   return start, abstract.replace(step=step, params=params,
-                                 opt_state=opt_state, ema=ema)
+                                 opt_state=opt_state, ema=ema), meta
