@@ -1,12 +1,14 @@
 """Code shape: no function in the package, the benchmarks or the tools is
 longer than ``_MAX_LINES`` lines (``def`` to its last line, docstring and
-comments included)."""
+comments included), and no module of the package longer than
+``_MAX_FILE_LINES``."""
 
 import ast
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MAX_LINES = 100
+_MAX_FILE_LINES = 600
 _CHECKED_DIRS = ('prolip_jax', 'benchmarks', 'tools')
 
 
@@ -39,3 +41,15 @@ def test_no_function_over_the_line_limit():
           for path, line, name, length in _long_functions()]
   assert not long, (f'functions over {_MAX_LINES} lines (split them into '
                     'named helpers):\n  ' + '\n  '.join(long))
+
+
+def test_no_package_module_over_the_file_limit():
+  long = []
+  for path in _python_files():
+    if path.startswith('prolip_jax' + os.sep):
+      with open(os.path.join(REPO, path), encoding='utf-8') as f:
+        lines = sum(1 for _ in f)
+      if lines > _MAX_FILE_LINES:
+        long.append(f'{path} ({lines} lines)')
+  assert not long, (f'modules over {_MAX_FILE_LINES} lines (split them by '
+                    'concern):\n  ' + '\n  '.join(long))
