@@ -73,7 +73,7 @@ B16_DATACLASS_DEFAULTS = {
     'init_logit_scale': 10.0, 'init_logit_bias': -10.0,
     'init_unc_bias': -10.0, 'compute_dtype': 'float32', 'remat': False,
     'remat_policy': 'nothing_saveable', 'scan': False,
-    'attention_impl': 'auto',
+    'attention_impl': 'auto', 'attention_logits_dtype': 'float32',
     'vision': {'image_size': 224, 'patch_size': 16, 'width': 768,
                'layers': 12, 'heads': 12, 'mlp_ratio': 4.0, 'act': 'gelu',
                'ln_eps': 1e-5},
@@ -93,7 +93,8 @@ def _run_model(width, layers, heads, context, embed, mlp_ratio=4.0,
   tower = {'width': width, 'layers': layers, 'heads': heads,
            'mlp_ratio': mlp_ratio, 'act': act}
   return {
-      'attention_impl': 'auto', 'compute_dtype': 'bfloat16',
+      'attention_impl': 'auto', 'attention_logits_dtype': 'float32',
+      'compute_dtype': 'bfloat16',
       'embed_dim': embed, 'init_logit_bias': -10.0, 'init_logit_scale': 10.0,
       'init_unc_bias': -10.0, 'release_compat': False, 'remat': True,
       'remat_policy': 'nothing_saveable', 'scan': True, 'use_unc': True,
