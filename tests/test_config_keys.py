@@ -197,6 +197,7 @@ def _changed(key, value):
       'model.compute_dtype': ('bfloat16', {}),
       'model.remat_policy': ('dots_saveable', {'model.remat': True}),
       'model.attention_impl': ('xla', {}),
+      'model.attention_logits_dtype': ('bfloat16', {}),
       'optim.freeze': (('visual/.*',), {}),
   }
   if key in special:
