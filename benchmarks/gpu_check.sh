@@ -10,14 +10,5 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-# Only where the project's own dependencies are missing (a machine that
-# has them, a CI runner or a dev box, keeps its environment as it is).
-if ! "$PYTHON" -c 'import grain, ml_collections, mlxtend, ftfy' 2>/dev/null \
-    && compgen -G '.whl/*.whl' >/dev/null; then
-  site=${TMPDIR:-/tmp}/prolip_gpu_check_site
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --upgrade --target "$site" .whl/*.whl || exit 1
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/gpu_wheels.sh
 exec "$PYTHON" benchmarks/gpu_check.py "$@"

@@ -31,14 +31,8 @@ mkdir -p "$OUT"
 start=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 
-if ! "$PYTHON" -c 'import grain, ml_collections, mlxtend, ftfy' 2>/dev/null \
-    && compgen -G '.whl/*.whl' >/dev/null; then
-  site=${TMPDIR:-/tmp}/prolip_gpu_check_site
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --upgrade --target "$site" .whl/*.whl || exit 1
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+source benchmarks/gpu_wheels.sh
+export PYTHONPATH="$PWD/benchmarks:$PYTHONPATH"
 export PYTHONUNBUFFERED=1
 work=${TMPDIR:-/tmp}/prolip_gpu_elementwise
 rm -rf "$work" && mkdir -p "$work"

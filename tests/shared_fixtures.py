@@ -7,18 +7,12 @@ was when the modules imported it from one another; ``workdir``, read only,
 is built once per session.
 """
 
-import functools
 import os
 
-import jax
 import numpy as np
 import pytest
 
-from prolip_jax.config import presets
-from prolip_jax.data import digits
 from prolip_jax.data import tokenizer as tok_lib
-from prolip_jax.models import init_params
-from prolip_jax.models import ModelConfig
 from prolip_jax.storage import checkpoint
 
 import support
@@ -30,19 +24,8 @@ def workdir(tmp_path_factory):
   one layer per tower) at step 1 and a tokenizer trained on the digits'
   captions: what the evaluation tests load and score (read only)."""
   path = str(tmp_path_factory.mktemp('eval_workdir'))
-  m = presets.model_preset('tiny')
-  m.vision.width = m.text.width = 32
-  m.vision.layers = m.text.layers = 1
-  m.vision.heads = m.text.heads = 2
-  m.text.context_length = 24
-  m.embed_dim = 16
-  m.init_unc_bias = -3.0
-  cfg = ModelConfig.from_config(m)
-  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
-      jax.random.key(0)))
-  corpus = digits.tokenizer_corpus()
-  tok_lib.train_tokenizer(corpus[:800] + corpus[-40:],
-                          os.path.join(path, checkpoint.TOKENIZER_FILE), 256)
+  cfg, params = support.tiny_random_model(
+      24, os.path.join(path, checkpoint.TOKENIZER_FILE))
   with checkpoint.manager(path) as mngr:
     checkpoint.save(mngr, 1, params, {'unused': np.zeros(1, np.float32)},
                     {'model': cfg.to_dict(), 'config': {}, 'step': 1},

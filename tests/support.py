@@ -143,6 +143,28 @@ def objective_micro_config(objective: str, total_steps: int,
   return c
 
 
+def tiny_random_model(context_length: int, tokenizer_path: str):
+  """``(ModelConfig, params)`` of a randomly initialised tiny [UNC] model
+  (32 wide, one layer per tower, 16-dim embedding), with a 256-piece
+  tokenizer trained on the digits' captions written to
+  ``tokenizer_path``: what evaluation and application tests score."""
+  from prolip_jax.data import digits  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  m = presets.model_preset('tiny')
+  m.vision.width = m.text.width = 32
+  m.vision.layers = m.text.layers = 1
+  m.vision.heads = m.text.heads = 2
+  m.text.context_length = context_length
+  m.embed_dim = 16
+  m.init_unc_bias = -3.0
+  cfg = ModelConfig.from_config(m)
+  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
+      jax.random.key(0)))
+  corpus = digits.tokenizer_corpus()
+  tok_lib.train_tokenizer(corpus[:800] + corpus[-40:], tokenizer_path, 256)
+  return cfg, params
+
+
 def load_module(relpath: str, name: str):
   """The Python file ``REPO/relpath`` imported as module ``name``."""
   spec = importlib.util.spec_from_file_location(name,

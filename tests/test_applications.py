@@ -1,6 +1,5 @@
 """BPRW, inclusion traversal and filtering against independent computations."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +12,8 @@ from prolip_jax.applications import bprw
 from prolip_jax.applications import filtering
 from prolip_jax.applications import traversal
 from prolip_jax.evaluation import metrics as eval_metrics
+
+import support
 
 
 # ---------------------------------------------------------------------------
@@ -319,27 +320,10 @@ def test_select_from_score_files_merges_hosts(tmp_path):
 
 
 def _random_model(tmp_path):
-  # pylint: disable=g-import-not-at-top
-  from prolip_jax.interop import load as load_lib
-  from prolip_jax.config import presets
-  from prolip_jax.data import digits
-  from prolip_jax.data import tokenizer as tok_lib
-  from prolip_jax.models import ModelConfig
-  from prolip_jax.models import init_params
-  # pylint: enable=g-import-not-at-top
-  m = presets.model_preset('tiny')
-  m.vision.width = m.text.width = 32
-  m.vision.layers = m.text.layers = 1
-  m.vision.heads = m.text.heads = 2
-  m.text.context_length = 16
-  m.embed_dim = 16
-  m.init_unc_bias = -3.0
-  cfg = ModelConfig.from_config(m)
-  params = jax.device_get(jax.jit(functools.partial(init_params, cfg))(
-      jax.random.key(0)))
-  corpus = digits.tokenizer_corpus()
-  path = tok_lib.train_tokenizer(corpus[:800] + corpus[-40:],
-                                 str(tmp_path / 'tok.model'), 256)
+  from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
+  from prolip_jax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'tok.model')
+  cfg, params = support.tiny_random_model(16, path)
   tok = tok_lib.Tokenizer(path, cfg.text.context_length, pad_id=0)
   return load_lib.LoadedModel(cfg, params, tok, batch_size=16)
 
