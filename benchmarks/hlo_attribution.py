@@ -31,7 +31,7 @@ import collections
 import glob
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 _COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
 _INSTRUCTION = re.compile(
@@ -86,14 +86,23 @@ def parse_hlo(text: str) -> dict[str, dict[str, Any]]:
   return out
 
 
-def opcodes(instructions: dict[str, dict[str, Any]], name: str) -> set[str]:
+def by_computation(instructions: dict[str, dict[str, Any]]
+                   ) -> dict[str, list[str]]:
+  """``{computation: [its instruction names]}`` of ``parse_hlo``'s answer."""
+  out: dict[str, list[str]] = collections.defaultdict(list)
+  for n, info in instructions.items():
+    out[info['computation']].append(n)
+  return out
+
+
+def opcodes(instructions: dict[str, dict[str, Any]], name: str,
+            members: Optional[dict[str, list[str]]] = None) -> set[str]:
   """The opcodes ``name`` runs: its own, and for a fusion (or a call) every
   opcode of the computations it calls, recursively; with ``jax:<primitive>``
   for the jax primitive each came from (XLA may expand an ``erf`` into
   exponentials, its op name still says ``erf``)."""
-  by_computation: dict[str, list[str]] = collections.defaultdict(list)
-  for n, info in instructions.items():
-    by_computation[info['computation']].append(n)
+  if members is None:  # pass by_computation's answer when asking often
+    members = by_computation(instructions)
   seen, found = set(), set()
   todo = [name]
   while todo:
@@ -107,7 +116,7 @@ def opcodes(instructions: dict[str, dict[str, Any]], name: str) -> set[str]:
     for comp in info['calls']:
       if comp not in seen:
         seen.add(comp)
-        todo += by_computation.get(comp, [])
+        todo += members.get(comp, [])
   found.discard('parameter')
   found.discard('fusion')
   return found
@@ -166,9 +175,11 @@ def attribute(times: dict[str, tuple[int, int]],
   by_what: dict[str, int] = collections.defaultdict(int)
   by_where: dict[tuple[str, str], int] = collections.defaultdict(int)
   rows = []
+  members = by_computation(instructions)
   for op, (calls, ns) in times.items():
     info = instructions.get(op)
-    label = what(opcodes(instructions, op)) if info else 'unknown'
+    ops = opcodes(instructions, op, members) if info else set()
+    label = what(ops) if info else 'unknown'
     place = where(info['op_name']) if info else ''
     by_what[label] += ns
     by_where[(label, place)] += ns
@@ -176,7 +187,7 @@ def attribute(times: dict[str, tuple[int, int]],
                  'calls_per_step': calls / steps, 'ms_per_step': ns / 1e6 /
                  steps, 'share': 100 * ns / total if total else 0.0,
                  'shape': info['shape'] if info else '',
-                 'opcodes': sorted(opcodes(instructions, op)) if info else []})
+                 'opcodes': sorted(ops)})
   ms = lambda ns: ns / 1e6 / steps
   share = lambda ns: 100 * ns / total if total else 0.0
   return {
