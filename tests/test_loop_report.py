@@ -506,3 +506,41 @@ def test_training_reports_the_split_profile_and_wandb(tmp_path, capsys,
     assert row['time/step_alone_s'] > 0
     assert 'perf/mfu' not in row and row['perf/model_tflops_per_device'] > 0
   _same(rows, wandb_rows(wandb_offline))
+
+
+def _tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+  """``{tag: [(step, value), ...]}`` read back from the TFRecord event files
+  in ``folder`` (length, its CRC, the Event proto, its CRC)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  scalars = {}
+  for path in sorted(glob.glob(os.path.join(str(folder), 'events.out.*'))):
+    data = open(path, 'rb').read()
+    at = 0
+    while at < len(data):
+      (length,) = struct.unpack('<Q', data[at:at + 8])
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, []).append(
+            (event.step, value.simple_value))
+  return scalars
+
+
+def test_tensorboard_scalars_are_written_without_importing_torch(
+    tmp_path, monkeypatch):
+  """The metrics reach TensorBoard's event files, and importing tensorboardX
+  for them leaves PyTorch unimported (2 s of every start otherwise)."""
+  for name in [m for m in sys.modules
+               if m == 'torch' or m.startswith(('torch.', 'tensorboardX'))]:
+    monkeypatch.delitem(sys.modules, name)
+  writer = progress.MetricWriter(tmp_path, enabled=True)
+  writer.write(3, {'loss': 1.5, 'lr': 0.25})
+  writer.write(4, {'loss': 0.75})
+  writer.close()
+  assert 'torch' not in sys.modules
+  assert sys.modules['tensorboardX.writer'].numpy_compatible is np.ndarray
+  assert _tensorboard_scalars(tmp_path / 'tensorboard') == {
+      'loss': [(3, 1.5), (4, 0.75)], 'lr': [(3, 0.25)]}
+  rows = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')]
+  assert rows == [{'step': 3, 'loss': 1.5, 'lr': 0.25},
+                  {'step': 4, 'loss': 0.75}]

@@ -93,6 +93,25 @@ _METRICS_KEPT = ('the rows logged before are kept, and the checkpoints are '
                  'not affected')
 
 
+def _tensorboardx_summary_writer():
+  """tensorboardX's ``SummaryWriter``, imported without PyTorch.
+
+  tensorboardX imports torch, when installed, only to accept torch tensors
+  (which this loop never logs): 2 s of every start on a machine with the
+  ``torch`` extra. The import sees torch as absent unless it is already
+  loaded; raises ImportError without tensorboardX.
+  """
+  blocked = 'torch' not in sys.modules
+  if blocked:
+    sys.modules['torch'] = None  # `import torch` raises ImportError
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if blocked and sys.modules.get('torch', 0) is None:
+      del sys.modules['torch']
+  return SummaryWriter
+
+
 class MetricWriter:
   """One JSON object per line in ``metrics.jsonl`` plus TensorBoard scalars.
 
@@ -125,7 +144,7 @@ class MetricWriter:
       self._text = self.path.read_text()
     if enabled:
       try:
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+        SummaryWriter = _tensorboardx_summary_writer()  # pylint: disable=invalid-name
         if self.remote:
           self._tb_local = tempfile.mkdtemp(prefix='prolip_jax-tb-')
         self.tb = SummaryWriter(self._tb_local or str(self._tb_dest))
