@@ -232,6 +232,9 @@ def message(exc: BaseException) -> str:
       return f'{exc.filename} is a file, not a directory'
     hint = _HINTS.get(exc.errno)
     return f'{text} ({hint})' if hint else text
+  url = store_answers.gcs_url(exc)  # gcsfs names a request, not the URL
+  if url is not None:
+    return f'no such object: {url}'
   text = str(exc) or type(exc).__name__
   return ' '.join(text.split()) if isinstance(exc, OSError) else text
 

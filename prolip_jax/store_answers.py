@@ -14,6 +14,7 @@ only: errors.py imports this.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from typing import Iterator, Optional
 
 # TensorStore's status texts for a failed request to a store: 'CODE: ...
@@ -33,6 +34,56 @@ _STORE_HINTS = {
     404: 'check that the bucket exists',
     429: 'the store kept throttling after every retry',
 }
+
+_BUCKET_HINT = ('check the bucket\'s name, that it exists and that these '
+                'credentials may see it')
+
+# gcsfs names a failed request by its path: 'b/BUCKET/o/NAME' (NAME
+# URL-quoted) for an object, 'b/BUCKET/o' for a listing, or the whole URL
+# (http(s)://HOST/upload/storage/v1/b/BUCKET/o?name=NAME) for an upload.
+_GCS_REQUEST = re.compile(
+    r'(?:^|/storage/v1/)b/([^/?\s]+)(?:/o(?:/([^?\s]+))?)?(?:\?(\S*))?$')
+
+
+def _gcs_request(e: BaseException) -> Optional[tuple[str, str, bool]]:
+  """``(bucket, object name or '', whether an upload)`` of the gcsfs
+  request a ``FileNotFoundError`` names (its HTTP 404), or None."""
+  if not isinstance(e, FileNotFoundError) or e.errno is not None:
+    return None
+  match = _GCS_REQUEST.search(' '.join(str(e).split()))
+  if not match:
+    return None
+  bucket, name, query = match.groups()
+  name = urllib.parse.unquote(name or '') or urllib.parse.parse_qs(
+      query or '').get('name', [''])[0]
+  return (urllib.parse.unquote(bucket), name,
+          '/upload/storage/' in str(e))
+
+
+def gcs_url(e: BaseException) -> Optional[str]:
+  """``gs://BUCKET/NAME`` of the gcsfs request a ``FileNotFoundError``
+  names, or None."""
+  request = _gcs_request(e)
+  if request is None:
+    return None
+  bucket, name, _ = request
+  return f'gs://{bucket}/{name}' if name else f'gs://{bucket}'
+
+
+def missing_bucket(e: BaseException) -> Optional[str]:
+  """``bucket 'B' does not exist or cannot be reached (gs://B/NAME)`` when
+  ``e`` is gcsfs's 404 for a request that only a missing bucket answers so:
+  an upload, or the listing of a prefix (a bucket that exists lists
+  nothing, with 200). A read of an object answers 404 for a missing object
+  too, so it is no proof; None then."""
+  request = _gcs_request(e)
+  if request is None:
+    return None
+  bucket, name, upload = request
+  if name and not upload:
+    return None
+  return (f"bucket '{bucket}' does not exist or cannot be reached "
+          f'({gcs_url(e)})')
 
 
 def _http_status(code: int, detail: str = '') -> str:
@@ -55,12 +106,25 @@ def _answer_of(e: BaseException) -> Optional[tuple[str, str]]:
     return _http_status(code, words), _STORE_HINTS.get(code, '')
   if isinstance(e, OSError) and text.startswith('Forbidden: '):  # gcsfs 403
     return _http_status(403, str(e).split('\n', 1)[-1]), _STORE_HINTS[403]
-  if isinstance(e, FileNotFoundError) and '/storage/v1/b/' in text:
-    return _http_status(404, 'no such bucket or object'), _STORE_HINTS[404]
+  if isinstance(e, FileNotFoundError):
+    missing = missing_bucket(e)
+    if missing is not None:
+      return missing, _BUCKET_HINT
+    if '/storage/v1/b/' in text:
+      return _http_status(404, f'no such object: {gcs_url(e) or text}'), (
+          _STORE_HINTS[404])
   if module.startswith('aiohttp') or name in ('EndpointConnectionError',
                                               'ConnectTimeoutError'):
     return (f'the store could not be reached ({name}: {text[:120]})',
             'check the network and the store, then run again')
+  if module.startswith('botocore') and isinstance(
+      getattr(e, 'response', None), dict):  # ClientError and its subclasses
+    err = e.response.get('Error', {})
+    if err.get('Code') == 'NoSuchBucket':
+      bucket = err.get('BucketName')
+      return (f"bucket '{bucket}' does not exist or cannot be reached "
+              f'(s3://{bucket})' if bucket else
+              'the bucket does not exist or cannot be reached'), _BUCKET_HINT
   if name == 'ClientError' and module.startswith('botocore'):
     err = getattr(e, 'response', {}).get('Error', {})
     meta = getattr(e, 'response', {}).get('ResponseMetadata', {})

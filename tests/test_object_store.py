@@ -75,6 +75,59 @@ def test_a_url_the_project_cannot_handle_is_one_line_and_no_folder(
   assert os.listdir(tmp_path) == []  # no ./gs: or ./hdfs: folder
 
 
+@pytest.mark.parametrize('given, parsed', [
+    ('GS://prolip-test/run', 'gs://prolip-test/run'),
+    ('Gs://prolip-test/run/', 'gs://prolip-test/run'),
+    ('S3://Bucket.Name/run', 's3://Bucket.Name/run'),  # the bucket as given
+    ('gs://prolip-test/x/../run', 'gs://prolip-test/run'),
+    ('gs://prolip-test//x/./run//', 'gs://prolip-test/x/run'),
+    ('gs://prolip-test/x/..', 'gs://prolip-test'),
+])
+def test_url_schemes_are_case_insensitive_and_object_paths_normalised(
+    given, parsed):
+  # RFC 3986: a scheme is case-insensitive; '.', '..' and '//' in an object
+  # name would otherwise be literal parts of the object's name.
+  assert str(paths.parse(given)) == parsed
+
+
+@pytest.mark.parametrize('url', ['gs://prolip-test/../run',
+                                 'S3://prolip-test/x/../../run'])
+def test_a_url_climbing_above_its_bucket_is_one_line(url):
+  with pytest.raises(errors.UserError) as e:
+    paths.parse(url, 'workdir')
+  assert str(e.value) == (
+      f"workdir {url!r}: '..' climbs above the bucket prolip-test")
+
+
+def test_a_missing_bucket_is_named_in_one_line(gcs, tmp_path, monkeypatch,
+                                               capsys):
+  monkeypatch.chdir(tmp_path)
+  url = 'gs://no-such-bucket/run'
+  status = main_lib.run(['main', f'--config={MICRO}', f'--workdir={url}'])
+  assert status == errors.EXIT_STORE
+  line = _one_error_line(capsys.readouterr().err)
+  assert ("bucket 'no-such-bucket' does not exist or cannot be reached "
+          f'({url}/.lock)') in line, line
+  assert '127.0.0.1' not in line and '%2F' not in line
+
+
+def test_a_write_to_a_missing_bucket_names_it_on_either_store(store):
+  scheme = store.url().split('://')[0]
+  with pytest.raises(OSError) as e:
+    paths.write_text(f'{scheme}://no-such-bucket/run/notes.txt', 'x')
+  found = errors.user_error_of(e.value)
+  assert errors.exit_status(found) == errors.EXIT_STORE
+  assert ("bucket 'no-such-bucket' does not exist or cannot be reached "
+          f'({scheme}://no-such-bucket') in errors.message(found)
+
+def test_a_missing_object_is_named_by_its_url(gcs):
+  url = gcs.url('no/such object')
+  with pytest.raises(FileNotFoundError) as e:
+    paths.parse(url).read_bytes()
+  found = errors.user_error_of(e.value)
+  assert errors.message(found) == f'no such object: {url}'
+  assert errors.exit_status(found) == errors.EXIT_USER_ERROR
+
 def test_an_s3_workdir_cannot_hold_checkpoints_and_says_where_to_go(
     s3, tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
@@ -187,6 +240,23 @@ def test_export_to_a_store_loads_the_same_model_and_needs_its_manifest(
   with pytest.raises(manifest.ExportIncompleteError, match='differs'):
     prolip_jax.load(url3)
 
+
+def test_a_store_export_whose_manifest_lists_a_missing_file_names_the_url(
+    gcs):
+  url = gcs.url('tamper_extra')
+  listed = paths.parse(url) / manifest.MANIFEST_FILE
+  listed.write_text(json.dumps({'format': 1, 'files': {
+      'ghost.bin': {'bytes': 1, 'sha256': '0' * 64}}}))
+  with pytest.raises(manifest.ExportIncompleteError) as e:
+    prolip_jax.load(url)
+  assert str(e.value) == (f'{url}: ghost.bin is missing (the manifest lists '
+                          'it): export again')
+  # A manifest that lists nothing: the URL is named, not a local copy.
+  listed.write_text(json.dumps({'format': 1, 'files': {}}))
+  with pytest.raises(errors.UserError) as e:
+    prolip_jax.load(url)
+  assert str(e.value).startswith(f'{url} is not a model snapshot: it has no '
+                                 'config.json'), str(e.value)
 
 @pytest.mark.slow
 def test_an_export_to_s3_rides_out_transient_faults_and_names_a_403(

@@ -174,18 +174,22 @@ def download(repo: str, allow_patterns: Optional[list[str]] = None) -> str:
 def resolve(path_or_repo: str) -> str:
   """The local snapshot directory of ``path_or_repo`` (a directory or
   ``hf-hub:OWNER/NAME[@REVISION]``); checks config.json and the weights."""
+  shown = None  # what messages call the snapshot: the URL the user gave
   if is_hub_id(path_or_repo):
     path = download(path_or_repo)
   elif paths.is_remote(path_or_repo):
-    path = _download_export(str(paths.parse(path_or_repo)))
+    shown = str(paths.parse(path_or_repo))
+    path = _download_export(shown)  # a temporary folder, never named
   else:
     path = os.path.abspath(path_or_repo)
     if not os.path.isdir(path):
       raise SnapshotError(f'no such snapshot directory: {path}')
   for name in (CONFIG_FILE, WEIGHTS_FILE):
     if not os.path.isfile(os.path.join(path, name)):
-      raise SnapshotError(f'{path} is not a model snapshot: it has no {name} '
-                          f'(has {sorted(os.listdir(path))})')
+      raise SnapshotError(
+          f'{shown or path} is not a model snapshot: it has no {name} (has '
+          f'{sorted(os.listdir(path))}' + (
+              ', the files its manifest lists)' if shown else ')'))
   listed = manifest.read(path)
   if listed is not None:  # an export of ours: the model's bytes are checked
     # (the tokenizer has its own check, which an explicit tokenizer= skips)

@@ -79,14 +79,18 @@ def verify(local_dir: str, manifest: dict[str, Any], where: str,
     want = listed[name]
     full = os.path.join(local_dir, name)
     if not os.path.isfile(full):
-      raise ExportIncompleteError(f'{where}: {name} is missing (the '
-                                  'manifest lists it): export again')
+      raise _missing(where, name)
     size = os.path.getsize(full)
     if size != want.get('bytes') or paths.sha256(full) != want.get('sha256'):
       raise ExportIncompleteError(
           f'{where}: {name} differs from the manifest ({size} bytes, '
           f'manifest {want.get("bytes")}; damaged or replaced bytes): '
           'export again or restore the file')
+
+
+def _missing(where, name: str) -> ExportIncompleteError:
+  return ExportIncompleteError(f'{where}: {name} is missing (the manifest '
+                               'lists it): export again')
 
 
 def download(remote, local_dir: str) -> dict[str, Any]:
@@ -103,7 +107,12 @@ def download(remote, local_dir: str) -> dict[str, Any]:
   for name in manifest['files']:
     if '/' in name or name in ('.', '..'):
       raise ExportIncompleteError(f'{remote}: manifest names {name!r}')
-    paths.copy_file(src / name, os.path.join(local_dir, name))
+    try:
+      paths.copy_file(src / name, os.path.join(local_dir, name))
+    except FileNotFoundError as e:
+      if (src / name).exists():  # the bucket or the local folder went away
+        raise
+      raise _missing(remote, name) from e
   verify(local_dir, manifest, str(remote))
   return manifest
 

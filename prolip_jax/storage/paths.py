@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import hashlib
 import os
+import posixpath
 import re
 import shutil
 import tempfile
@@ -87,10 +88,7 @@ def parse(text: PathLike, what: str = 'path') -> Path:
         f'{what} {text!r}: URL scheme {kind}:// is not supported; use a '
         'local path (a mounted bucket works too), gs://BUCKET/... or '
         's3://BUCKET/...')
-  bucket = text[len(kind) + 3:].split('/', 1)[0]
-  if not bucket:
-    raise errors.UserError(f'{what} {text!r} names no bucket '
-                           f'({kind}://BUCKET/...)')
+  url = _normal_url(kind, text, what)
   module, package = _CLIENTS[kind]
   try:
     __import__(module)
@@ -98,7 +96,25 @@ def parse(text: PathLike, what: str = 'path') -> Path:
     raise errors.UserError(
         f'{what} {text!r} needs the {package} package: pip install '
         f'{package}') from e
-  return epath.Path(text.rstrip('/'))
+  return epath.Path(url)
+
+
+def _normal_url(kind: str, text: str, what: str) -> str:
+  """``kind://BUCKET/NAME`` for the URL ``text`` of scheme ``kind``: the
+  scheme in lower case (RFC 3986: it is case-insensitive; etils.epath knows
+  only ``gs://`` and ``s3://``), the bucket as given, and ``.``, ``..`` and
+  ``//`` in the object's name resolved as a local path's would be (a store
+  would keep them as literal parts of the name). Raises ``errors.UserError``
+  for no bucket, or a ``..`` that climbs above the bucket."""
+  bucket, _, name = text[len(kind) + 3:].partition('/')
+  if not bucket:
+    raise errors.UserError(f'{what} {text!r} names no bucket '
+                           f'({kind}://BUCKET/...)')
+  name = posixpath.normpath(name.lstrip('/')) if name.strip('/') else '.'
+  if name == '..' or name.startswith('../'):
+    raise errors.UserError(f"{what} {text!r}: '..' climbs above the bucket "
+                           f'{bucket}')
+  return f'{kind}://{bucket}' + ('' if name == '.' else f'/{name}')
 
 
 # Data is read from local files (Grain's array_record reader, TFDS's data
