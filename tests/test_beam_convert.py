@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -148,6 +149,15 @@ def test_retried_bundle_leaves_no_duplicate(planted, reference, tmp_path,
   _assert_same_conversion(out, reference)
 
 
+def _load_tool():
+  """``tools/convert_beam.py`` as a module, to run its ``main`` here."""
+  spec = importlib.util.spec_from_file_location(
+      'convert_beam_tool', os.path.join(ROOT, 'tools', 'convert_beam.py'))
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  return tool
+
+
 def _tool(argv, **kwargs):
   return subprocess.run(
       [sys.executable, os.path.join(ROOT, 'tools', 'convert_beam.py')] + argv,
@@ -189,11 +199,28 @@ def test_killed_worker_then_rerun_with_two_worker_processes(planted, reference,
   assert _listing(out) == _listing(reference)
 
 
+def _member_end(tar_path: str, name: str) -> int:
+  """The offset just past member ``name`` of a tar (header, data and the
+  data's padding to a whole 512-byte block)."""
+  with tarfile.open(tar_path) as tar:
+    member = tar.getmember(name)
+  return member.offset_data + -(-member.size // 512) * 512
+
+
 @needs_beam
-def test_corrupt_tar_fails_as_the_one_machine_converter(planted, tmp_path):
-  data = open(os.path.join(planted, 'part0.tar'), 'rb').read()
+@pytest.mark.parametrize('cut', ['inside_a_member', 'member_boundary'])
+def test_corrupt_tar_fails_as_the_one_machine_converter(planted, tmp_path,
+                                                        cut):
+  """A tar cut inside a member, or on a member boundary (tarfile reads it
+  to a quiet end; only its end-of-archive marker is missing), is refused
+  by both converters in the same words."""
+  part0 = os.path.join(planted, 'part0.tar')
+  data = open(part0, 'rb').read()
+  # member_boundary: 0_03's image whole, its caption gone.
+  end = (len(data) // 2 if cut == 'inside_a_member'
+         else _member_end(part0, '0_03.jpg'))
   (tmp_path / 'in').mkdir()
-  (tmp_path / 'in' / 'cut.tar').write_bytes(data[:len(data) // 2])
+  (tmp_path / 'in' / 'cut.tar').write_bytes(data[:end])
   (tmp_path / 'in' / 'whole.tar').write_bytes(data)
   messages = []
   for convert in (webdataset.convert_webdataset,
@@ -206,7 +233,57 @@ def test_corrupt_tar_fails_as_the_one_machine_converter(planted, tmp_path):
     assert _listing(str(out)) == ['whole.array_record',
                                   'whole.array_record.done']
   assert 'cut.tar is truncated' in messages[0]
+  if cut == 'member_boundary':
+    assert 'no end-of-archive marker' in messages[0], messages[0]
+    assert 'after 3 examples' in messages[0], messages[0]
   assert messages[0] == messages[1]
+
+
+@needs_beam
+def test_failed_run_leaves_no_empty_shard_as_the_one_machine_converter(
+    planted, tmp_path):
+  """A conversion that gave no record leaves no empty shard with a
+  ``.done`` marker (nor the folder it made): once the input is replaced by
+  a good one, the same command converts it instead of resuming nothing."""
+  (tmp_path / 'in').mkdir()
+  tar_path = tmp_path / 'in' / 'x.tar'
+  for i, convert in enumerate((webdataset.convert_webdataset,
+                               beam.convert_webdataset)):
+    with tarfile.open(tar_path, 'w') as tar:
+      _add(tar, 'k0.txt', b'a caption without its image')
+    out = tmp_path / f'out_{i}'
+    with pytest.raises(common.ConversionError, match='no records from'):
+      convert(str(tmp_path / 'in'), str(out))
+    assert not out.exists()
+    shutil.copy(os.path.join(planted, 'part1.tar'), tar_path)
+    summary = convert(str(tmp_path / 'in'), str(out),
+                      max_record_bytes=MAX_RECORD_BYTES)
+    assert (summary['records_written'], summary['shards_resumed']) == (6, 0)
+    assert [k for k, _, _ in _shards(str(out))['x.array_record']] == [
+        f'1_{i:02d}' for i in range(6)]
+
+
+@needs_beam
+@pytest.mark.parametrize('layout', ['tars', 'folder'])
+def test_unknown_runner_is_one_line_and_leaves_no_folder(planted, folder,
+                                                         tmp_path, capfd,
+                                                         layout):
+  """Beam checks its options when the pipeline is made: that happens
+  before any output, and its refusal is one ``error:`` line."""
+  tool = _load_tool()
+  out = tmp_path / 'out'
+  images, captions = folder
+  args = (['--input', planted] if layout == 'tars' else
+          ['--images', images, '--captions', captions])
+  args += ['--output', str(out), '--runner=NoSuchRunner']
+  capfd.readouterr()
+  status = errors.cli_main(lambda: tool.main(args), argv=['prog', *args])
+  err = capfd.readouterr().err
+  assert status == errors.EXIT_USER_ERROR, err
+  assert 'Traceback' not in err, err
+  line = err.strip().splitlines()[-1]
+  assert line.startswith('error: ') and 'NoSuchRunner' in line, err
+  assert not out.exists()
 
 
 @pytest.fixture(scope='module')
@@ -308,10 +385,7 @@ def test_tool_refuses_a_typo_of_its_own_options(folder, tmp_path):
   """Beam only logs options it does not know: a misspelt option of the
   tool is refused instead of ignored (a shard size silently left at its
   default)."""
-  spec = importlib.util.spec_from_file_location(
-      'convert_beam_tool', os.path.join(ROOT, 'tools', 'convert_beam.py'))
-  tool = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tool)
+  tool = _load_tool()
   images, captions = folder
   args = ['--images', images, '--captions', captions, '--output',
           str(tmp_path / 'out'), '--direct_num_workers=1']

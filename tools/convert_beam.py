@@ -11,7 +11,8 @@ pipeline: ``prolip_jax/conversion/beam.py``), on any Beam runner. Every
 option this tool does not know is Beam's: ``--runner=DirectRunner
 --direct_num_workers=4 --direct_running_mode=multi_processing`` on one
 machine (the default is the DirectRunner in one process), or the Dataflow,
-Flink and Spark options of docs/data.md. Paths may be local or ``gs://``
+Flink and Spark options of docs/data.md; Beam checks them before any output
+(an unknown runner is one ``error:`` line). Paths may be local or ``gs://``
 (Beam's file systems). Needs ``pip install 'prolip_jax[beam]'``.
 """
 

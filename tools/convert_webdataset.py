@@ -13,10 +13,11 @@ too. Undecodable images, missing/blank captions and records over
 ``--max_record_bytes`` are skipped and counted; the totals are printed and
 written to ``OUT_DIR/summary.json``. Train with ``data.name='array_record'``,
 ``data.path='OUT_DIR/*.array_record'``. A tar that cannot be read to its end
-(truncated, corrupt) gets no shard and no ``.done`` marker: once every
-other shard is converted the command stops with one line ``error: ...``
-naming it (exit status 2, no ``summary.json``); so do inputs that give no
-record at all.
+(truncated, also on a member boundary: no end-of-archive marker; corrupt)
+gets no shard and no ``.done`` marker: once every other shard is converted
+the command stops with one line ``error: ...`` naming it (exit status 2, no
+``summary.json``); so do inputs that give no record at all. A failed run
+keeps no shard that holds no record, so a re-run converts a fixed input.
 """
 
 from __future__ import annotations

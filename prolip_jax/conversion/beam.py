@@ -285,12 +285,24 @@ def _write_results(results: list, path: str):
   _write_json(path, results)
 
 
-def _run(pipeline_args: Sequence[str], build: Callable[[Any], None]):
-  """Builds the pipeline with ``build(pipeline)`` and runs it to its end."""
+def _pipeline(pipeline_args: Sequence[str]):
+  """An empty ``beam.Pipeline`` of Beam's options ``pipeline_args``, made
+  before any output: Beam checks the options (the runner's name, the
+  options that runner needs) here, and its refusal is a ``ConfigError``."""
   beam = require_beam()
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  options = PipelineOptions(list(pipeline_args))
-  with beam.Pipeline(options=options) as pipeline:
+  try:
+    return beam.Pipeline(options=PipelineOptions(list(pipeline_args)))
+  except ValueError as e:
+    raise errors.ConfigError(
+        f'Beam options {" ".join(pipeline_args) or "(none)"}: '
+        f'{" ".join(str(e).split())}') from e
+
+
+def _run(pipeline, build: Callable[[Any], None]):
+  """Builds ``pipeline`` (``_pipeline``) with ``build(pipeline)`` and runs
+  it to its end."""
+  with pipeline:
     build(pipeline)
 
 
@@ -319,6 +331,7 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   summary and errors. ``pipeline_args``: Beam's options (``--runner``,
   ``--direct_num_workers``, ...). ``fault``: a test hook (``FailOnce``)."""
   beam = require_beam()
+  pipeline = _pipeline(pipeline_args)
   if isinstance(inputs, str):
     inputs = [inputs]
   tars = expand_inputs(inputs)
@@ -349,17 +362,31 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
          | 'WriteResults' >> beam.Map(_write_results, pending))
 
   try:
-    _run(pipeline_args, build)
+    _run(pipeline, build)
     shards = {_filesystems().split(s['output'])[1]: s
               for s in _collect(pending)}
-    summary = webdataset.webdataset_summary(shards, inputs, len(tars),
-                                            len(todo))
-  except common.ConversionError:
-    if created and not os.listdir(output_dir):
-      os.rmdir(output_dir)  # ours, and nothing came of it
+    try:
+      summary = webdataset.webdataset_summary(shards, inputs, len(tars),
+                                              len(todo))
+    except Exception:
+      for name in webdataset.empty_shards(shards):
+        out = _join(output_dir, name)
+        # The marker first: a shard left without one is converted again.
+        _filesystems().delete([out + record_format.DONE_SUFFIX])
+        _filesystems().delete([out])
+      raise
+  except BaseException:
+    _remove_if_made_empty(output_dir, created)
     raise
   _write_json(_join(output_dir, common.SUMMARY_FILE), summary)
   return summary
+
+
+def _remove_if_made_empty(output_dir: str, created: bool):
+  """Removes the local ``output_dir`` of a failed conversion when this run
+  made it and nothing came of it."""
+  if created and os.path.isdir(output_dir) and not os.listdir(output_dir):
+    os.rmdir(output_dir)
 
 
 # ----------------------------------------------------------------------------
@@ -505,6 +532,7 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
   summary and errors. The captions file is read here (local); the images
   are read and checked by the workers. ``fault``: a test hook."""
   beam = require_beam()
+  pipeline = _pipeline(pipeline_args)
   if shard_size <= 0:
     raise errors.ConfigError(f'shard_size must be positive, not {shard_size}')
   if not os.path.isfile(captions_path):
@@ -546,10 +574,14 @@ def convert_folder(images_dir: str, captions_path: str, output_dir: str,
   created = _is_local(output_dir) and not os.path.exists(output_dir)
   if _is_local(output_dir):
     os.makedirs(output_dir, exist_ok=True)
-  _run(pipeline_args, build)
-  results = _collect(pending)
-  if created and not results['shards'] and not os.listdir(output_dir):
-    os.rmdir(output_dir)  # ours, and nothing came of it
+  try:
+    _run(pipeline, build)
+    results = _collect(pending)
+  except BaseException:
+    _remove_if_made_empty(output_dir, created)
+    raise
+  if not results['shards']:
+    _remove_if_made_empty(output_dir, created)  # nothing came of it
   counts = common.Counts()
   counts.seen = tally.seen + sum(len(c) for _, _, c in entries)
   skipped = sorted([tuple(s[0]), s[1], s[2]] for s in results['skips'])

@@ -2,7 +2,8 @@
 ``data.record_format``): one output shard per input shard, streamed,
 parallel over shards, resumable.
 
-A tar that cannot be read to its end is a ``CorruptTarError``: its output
+A tar that cannot be read to its end (cut inside a member, or on a member
+boundary: no end-of-archive marker) is a ``CorruptTarError``: its output
 shard is not written and gets no ``.done`` marker; the other tars are
 converted, then the conversion fails naming it, and a re-run converts only
 what is missing. Inputs that give no record at all are a ``ConversionError``
@@ -42,21 +43,64 @@ def _split_name(name: str) -> tuple[str, str]:
   return (os.path.join(d, stem) if d else stem), ext.lower() if dot else ''
 
 
+def _end_watching_tarinfo() -> type:
+  """A ``TarInfo`` class that remembers how the last header read ended
+  (``last_error``: None for a member, else tarfile's ``HeaderError``).
+
+  tarfile ends an archive quietly at a zero block (the end-of-archive
+  marker), but also at no block at all, a block cut short or a block of
+  garbage: a tar cut on a member boundary reads as a whole one. Only the
+  header that ended it tells them apart."""
+
+  class EndWatchingTarInfo(tarfile.TarInfo):
+    last_error: Optional[Exception] = None
+
+    @classmethod
+    def fromtarfile(cls, tar):
+      try:
+        info = super().fromtarfile(tar)
+      except tarfile.HeaderError as e:
+        EndWatchingTarInfo.last_error = e
+        raise
+      EndWatchingTarInfo.last_error = None
+      return info
+
+  return EndWatchingTarInfo
+
+
+def _check_end_marker(watched: type):
+  """Raises ``tarfile.ReadError`` unless the archive that ``watched``
+  (``_end_watching_tarinfo``) read ended at its end-of-archive marker. One
+  zero block is enough (tarfile and GNU tar stop there; every member before
+  it is whole), though writers add two."""
+  last = watched.last_error
+  if isinstance(last, tarfile.EOFHeaderError):
+    return
+  if last is None or isinstance(last, (tarfile.EmptyHeaderError,
+                                       tarfile.TruncatedHeaderError)):
+    raise tarfile.ReadError('no end-of-archive marker: cut short after a '
+                            'member or inside the next header')
+  raise tarfile.ReadError(f'{last} where the next member or the '
+                          'end-of-archive marker should be')
+
+
 def iter_tar_groups(path: str, fileobj=None
                     ) -> Iterator[tuple[str, dict[str, bytes]]]:
   """(key, {extension: bytes}) per example of a tar, streamed (``r|*``).
 
   Files of one example are consecutive, as webdataset writes them. A tar
-  that cannot be read to its end (truncated, corrupt, not a tar) raises
+  that cannot be read to its end (truncated, corrupt, not a tar), or that
+  ends without its end-of-archive marker (cut on a member boundary), raises
   ``CorruptTarError`` after the examples read before the damage: its shard
   is incomplete, so the caller writes none of it. ``fileobj``, when given,
   is read instead of opening ``path`` (a stream from another file system;
   ``path`` then only names it).
   """
   key, files, count = None, {}, 0
+  watched = _end_watching_tarinfo()
   try:
     with tarfile.open(path if fileobj is None else None, mode='r|*',
-                      fileobj=fileobj) as tar:
+                      fileobj=fileobj, tarinfo=watched) as tar:
       for member in tar:
         if not member.isfile():
           continue
@@ -70,6 +114,7 @@ def iter_tar_groups(path: str, fileobj=None
           key, files = k, {}
         f = tar.extractfile(member)
         files[ext] = f.read() if f is not None else b''
+      _check_end_marker(watched)
   except (tarfile.TarError, OSError, EOFError) as e:
     where = f'after {common.plural(count, "example")}' if count else (
         'before any example')
@@ -206,7 +251,9 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   Every shard is tried; then ``ConversionError`` is raised (and no
   ``summary.json`` written) when a shard failed (a corrupt tar: no output
   shard, no marker; the others are kept and a re-run does only what is
-  missing) or when no record was written at all.
+  missing) or when no record was written at all. A failed conversion
+  keeps no shard that holds no record (``empty_shards``), and removes the
+  output folder when it made it and left it empty.
   """
   if isinstance(inputs, str):
     inputs = [inputs]
@@ -222,7 +269,7 @@ def convert_webdataset(inputs: str | Sequence[str], output_dir: str,
   try:
     return _convert_shards(tars, names, inputs, output_dir, workers,
                            max_record_bytes, verbose)
-  except ConversionError:
+  except BaseException:
     if created and not os.listdir(output_dir):
       os.rmdir(output_dir)  # ours, and nothing came of it
     raise
@@ -257,9 +304,25 @@ def _convert_shards(tars: list[str], names: list[str], inputs: Sequence[str],
   else:
     for job in todo:
       report(_convert_tar_job(job))
-  summary = webdataset_summary(shards, inputs, len(tars), len(todo))
+  try:
+    summary = webdataset_summary(shards, inputs, len(tars), len(todo))
+  except Exception:
+    for name in empty_shards(shards):
+      out = os.path.join(output_dir, name)
+      os.remove(out + record_format.DONE_SUFFIX)  # the marker first
+      os.remove(out)
+    raise
   common.write_summary(output_dir, summary)
   return summary
+
+
+def empty_shards(shards: dict[str, dict]) -> list[str]:
+  """The names of the shards (converted or resumed) that hold no record:
+  a conversion that fails removes them and their ``.done`` markers, so that
+  a re-run converts their inputs again (likely the ones being fixed)
+  instead of resuming them as done. Shards with records stay done."""
+  return [name for name, s in shards.items()
+          if not s.get('failed') and not s['records_written']]
 
 
 def webdataset_summary(shards: dict[str, dict], inputs: Sequence[str],
