@@ -18,6 +18,8 @@ import pytest
 
 from prolip_jax import command_line
 
+from support import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMOJI = os.path.join(REPO, 'configs', 'prolip_emoji.py')
 # What a run's own speed and timing put into a metrics.jsonl row.
@@ -37,7 +39,7 @@ def test_pin_sizes_the_pool_by_the_machine_and_keeps_a_users_size(
 def _env():
   env = dict(os.environ)
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  env['XLA_FLAGS'] = xla_flags(1)
   env['JAX_PLATFORMS'] = 'cpu'
   env.pop(command_line.CPU_POOL_ENV, None)  # the command pins it itself
   return env

@@ -22,6 +22,8 @@ from prolip_jax.evaluation import encoders as eval_encoders
 from prolip_jax.evaluation import metrics as eval_metrics
 from prolip_jax.evaluation import report
 
+from support import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = os.path.join(REPO, 'configs', 'eval', 'digits.py')
 
@@ -382,7 +384,7 @@ def test_command_line(workdir, tmp_path):
   out = str(tmp_path / 'cli')
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
              os.environ.get('PYTHONPATH', ''), JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)
+  env['XLA_FLAGS'] = xla_flags(1)
   proc = subprocess.run(
       [sys.executable, '-m', 'prolip_jax.evaluate', '--workdir', workdir,
        '--out', out, '--config', os.path.join(REPO, 'configs', 'eval',

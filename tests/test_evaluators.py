@@ -467,7 +467,7 @@ def test_evaluate_on_an_emoji_checkpoint_scores_the_emoji(workdir, tmp_path):  #
         g.write(f.read())
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
              os.environ.get('PYTHONPATH', ''), JAX_PLATFORMS='cpu')
-  env.pop('XLA_FLAGS', None)
+  env['XLA_FLAGS'] = support.xla_flags(1)
   proc = subprocess.run(
       [sys.executable, '-m', 'prolip_jax.evaluate', '--workdir', emoji_dir],
       env=env, cwd=REPO, capture_output=True, text=True, timeout=300)

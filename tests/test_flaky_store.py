@@ -45,7 +45,7 @@ def proxy(gcs):
 
 def _env(gcs, proxy, **extra):
   env = dict(os.environ, **proxy.env(gcs.env), **extra)
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  env['XLA_FLAGS'] = support.xla_flags(1)
   env['JAX_PLATFORMS'] = 'cpu'
   return env
 

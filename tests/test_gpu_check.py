@@ -16,6 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from support import xla_flags
+
 pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
   out = tmp_path / 'check'
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   proc = subprocess.run(
       ['bash', os.path.join(REPO, 'benchmarks', 'gpu_check.sh'),
        '--skip_device', '--out', str(out),

@@ -54,6 +54,7 @@ from prolip_jax.storage import checkpoint
 # its random parameters.
 from support import TINY
 from support import tiny_params
+from support import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -456,7 +457,7 @@ def test_evaluate_of_a_damaged_export_is_one_line_in_process(
 def _env():
   env = dict(os.environ)
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  env['XLA_FLAGS'] = xla_flags(1)
   env['JAX_PLATFORMS'] = 'cpu'
   env.pop('PROLIP_DEBUG', None)
   return env

@@ -327,7 +327,7 @@ def test_import_into_a_gcs_workdir_then_load_it(gcs, tmp_path, export_tool,
 
 def _env(server, devices=1):
   env = dict(os.environ, **server.env)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env['XLA_FLAGS'] = support.xla_flags(devices)
   env['JAX_PLATFORMS'] = 'cpu'
   return env
 

@@ -25,6 +25,8 @@ import pytest
 
 from prolip_jax.storage import checkpoint
 
+from support import xla_flags
+
 pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +54,7 @@ def _env():
   env = dict(os.environ)
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
   env['JAX_PLATFORMS'] = 'cpu'
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  env['XLA_FLAGS'] = xla_flags(1)
   return env
 
 
