@@ -19,10 +19,12 @@ from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
 from prolip_jax.config import presets
 from prolip_jax.storage import checkpoint
+from prolip_jax.training import workdir_lock
 from prolip_jax.training.workdir_lock import WorkdirLock
 
 # The same damage as test_faults.py's end-to-end tests.
 from support import damage_file
+from support import lock_taken_over_while_paused
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -117,6 +119,52 @@ def test_stale_lock_is_taken_over_foreign_host_is_not(tmp_path, capfd):
   _write_lock(str(tmp_path), host=socket.gethostname() + '-other',
               pid=dead)
   with pytest.raises(errors.WorkdirLockedError, match='-other'):
+    WorkdirLock(str(tmp_path)).acquire()
+
+
+def test_a_holder_paused_past_the_stale_limit_loses_its_lock(
+    tmp_path, monkeypatch, capfd):
+  """A paused, B takes over, A resumes: A's heartbeat leaves B's lock as
+  it is, A's next step boundary stops it with one line, A's release leaves
+  B's lock and B's release removes it (issue 45, finding 4)."""
+  a, b, taken, later = lock_taken_over_while_paused(
+      str(tmp_path), monkeypatch, workdir_lock)
+  assert 'taking over the stale lock' in capfd.readouterr().err
+  token = lambda text: json.loads(text).get('token', 'none')
+  assert token(later) == token(taken) != 'none'  # A wrote nothing over it
+  with pytest.raises(errors.WorkdirLockedError) as lost:
+    a.check()
+  assert str(lost.value).startswith(
+      f'this run lost the workdir lock {tmp_path / ".lock"}: pid '
+      f'{os.getpid()} on {socket.gethostname()} holds it now (this run sent '
+      'no heartbeat for '), lost.value
+  assert 'stopped without saving' in str(lost.value)
+  a.release()
+  assert token((tmp_path / '.lock').read_text()) == token(taken)
+  b.release()
+  assert not os.path.exists(tmp_path / '.lock')
+
+
+def test_a_live_holder_is_named_with_its_heartbeat_age_and_takeover_time(
+    tmp_path, monkeypatch):
+  """The refusal says how old the holder's heartbeat is and when the lock
+  is taken over automatically; a holder without ``started`` is not shown
+  as ``(since None)`` (issue 45, finding 18)."""
+  now = 1_000_000.0
+  monkeypatch.setattr(workdir_lock.time, 'time', lambda: now)
+  _write_lock(str(tmp_path), host='other-vm', pid=7, heartbeat=now - 90)
+  with pytest.raises(errors.WorkdirLockedError) as held:
+    WorkdirLock(str(tmp_path)).acquire()
+  assert str(held.value) == (
+      f'workdir {tmp_path} is in use by pid 7 on other-vm; last heartbeat '
+      '90 s ago; it is taken over automatically if its heartbeat stops for '
+      '600 s (in 510 s at the earliest); wait for it to finish, or delete '
+      f'{tmp_path / ".lock"} if that run is gone')
+  _write_lock(str(tmp_path), host='other-vm', pid=7, heartbeat=now,
+              started='2025-01-02 03:04:05')
+  with pytest.raises(errors.WorkdirLockedError,
+                     match=r'pid 7 on other-vm \(since 2025-01-02 03:04:05\); '
+                     r'last heartbeat 0 s ago; .* \(in 600 s at the earliest'):
     WorkdirLock(str(tmp_path)).acquire()
 
 
