@@ -9,6 +9,7 @@ train): ``config_drift.check`` on a stored and a requested config,
 
 import json
 import os
+import signal
 import socket
 
 import ml_collections
@@ -19,6 +20,8 @@ from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
 from prolip_jax.config import presets
 from prolip_jax.storage import checkpoint
+from prolip_jax.training import progress
+from prolip_jax.training import signals
 from prolip_jax.training import workdir_lock
 from prolip_jax.training.workdir_lock import WorkdirLock
 
@@ -250,3 +253,49 @@ def test_saving_leaves_the_preemption_sync_counter_to_the_loop(
     mngr.wait_until_finished()
     assert mngr.all_steps() == [2, 4, 5]
   assert asked == []
+
+
+# ----------------------------------------------------------------------------
+# A second Ctrl-C
+
+
+@pytest.mark.parametrize('hosts', ['one', 'several'])
+def test_a_second_ctrl_c_after_the_first_always_leaves_at_once(
+    monkeypatch, capfd, hosts):
+  """One host: after the stop the run gives the signals back, and a Ctrl-C
+  then (its end, the final evaluation) leaves at once instead of waiting
+  for a start-up that is over. Several: the first Ctrl-C became the
+  hosts' common stop, the second leaves at once (it printed 'stopping once
+  start-up is done' and stayed) (issue 45, finding 6)."""
+  left = []
+
+  def leave(code):
+    left.append(code)
+    raise SystemExit(code)
+
+  monkeypatch.setattr(os, '_exit', leave)
+  monkeypatch.setattr(signals, '_early', dict(signals._early, stop=False,  # pylint: disable=protected-access
+                                              interrupted=False))
+  monkeypatch.setattr(os, 'kill', lambda pid, signum: None)  # the notifier's
+  before = signal.getsignal(signal.SIGINT)
+  signals.record_early()  # as prolip_jax.main does
+  try:
+    flag = progress.StopFlag()
+    handler = signal.getsignal(signal.SIGINT)
+    if hosts == 'one':
+      handler(signal.SIGINT, None)  # the first: a stop at the next step
+      assert flag.stop and not left
+      flag.close()
+    else:
+      flag._ctrl_c_to_notice(signal.SIGINT, None)  # pylint: disable=protected-access
+    with pytest.raises(SystemExit):
+      signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+    assert left == [errors.EXIT_INTERRUPTED]
+    err = capfd.readouterr().err
+    assert 'stopping once start-up is done' not in err
+    assert err.strip().splitlines()[-1].startswith(
+        'interrupted (Ctrl-C twice)'), err
+    flag.close()
+  finally:
+    signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
