@@ -4,9 +4,10 @@ TensorStore and our workdir lock rely on, which the emulator leaves out.
 - Downloads carry ``x-goog-generation`` (TensorStore reads an object's
   generation from that header; without it a read of an OCDBT manifest fails
   now and then with 'Malformed StorageGeneration').
-- Uploads honour ``ifGenerationMatch`` (412 when it does not hold), so a
-  create-if-absent object (``ifGenerationMatch=0``) is exclusive, as the
-  workdir lock and OCDBT's manifest updates expect.
+- Uploads and deletes honour ``ifGenerationMatch`` (412 when it does not
+  hold), so a create-if-absent object (``ifGenerationMatch=0``) is
+  exclusive, as the workdir lock and OCDBT's manifest updates expect, and
+  the lock's heartbeat and takeover touch only the generation they read.
 
 Connections get a thread each, requests are handled one at a time (the
 emulator's in-memory store has no locks of its own). Run as ``python tests/gcs_server.py start --host ...``
@@ -53,6 +54,8 @@ def _object_name(request):
   name = request.query.get('name')
   if name:
     return name[0]
+  if request.method == 'DELETE':
+    return request.params.get('object_id')
   data = request.data
   if isinstance(data, dict) and isinstance(data.get('meta'), dict):
     return data['meta'].get('name')
@@ -85,8 +88,9 @@ emulator_server.server.HTTPServer = http.server.ThreadingHTTPServer
 emulator_server.RequestHandler.timeout = 60
 
 _WRAPPED = {objects.download: _serialized(_with_generation(objects.download)),
-            objects.insert: _serialized(_with_preconditions(objects.insert))}
-for _name in ('get', 'ls', 'delete', 'patch', 'copy', 'rewrite', 'compose',
+            objects.insert: _serialized(_with_preconditions(objects.insert)),
+            objects.delete: _serialized(_with_preconditions(objects.delete))}
+for _name in ('get', 'ls', 'patch', 'copy', 'rewrite', 'compose',
               'upload_partial', 'xml_upload', 'batch', 'restore',
               'acl_list'):
   _WRAPPED[getattr(objects, _name)] = _serialized(getattr(objects, _name))

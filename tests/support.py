@@ -4,7 +4,8 @@ tools, the environment of a training process on N host CPU devices, the
 outputs of processes run together, a small array_record shard of solid red
 images (a second data source that no digit resembles), a run's metrics, the
 train step alone, the command line in-process, two processes of one run, the
-tiny model saved as a workdir, and the package's import graph."""
+tiny model saved as a workdir, the package's import graph and a workdir
+lock taken over while its holder was paused."""
 
 import ast
 import contextlib
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from absl import flags
@@ -516,3 +518,41 @@ def find_cycle(graph: dict[str, set[str]]):
       if found:
         return found
   return None
+
+
+# ----------------------------------------------------------------------------
+# A workdir lock whose holder is paused past the stale limit
+
+
+def lock_taken_over_while_paused(workdir, monkeypatch, lock_module):
+  """Run A holds ``workdir``'s lock; its heartbeat thread is paused (its
+  store requests held at a gate, as a SIGSTOP or a paused VM would hold
+  them) past the stale limit; run B takes the lock over; A resumes.
+  Returns (A, B, the lock's text B wrote, the lock's text a few of A's
+  heartbeats later)."""
+  gate = threading.Event()
+  gate.set()
+
+  def held(real):
+    def call(*args, **kwargs):
+      if threading.current_thread().name == 'prolip_jax-lock':
+        gate.wait()
+      return real(*args, **kwargs)
+    return call
+
+  monkeypatch.setattr(lock_module, '_read', held(lock_module._read))  # pylint: disable=protected-access
+  monkeypatch.setattr(lock_module.paths, 'write_bytes',
+                      held(lock_module.paths.write_bytes))
+  monkeypatch.setattr(lock_module, 'HEARTBEAT_SECONDS', 0.05)
+  monkeypatch.setattr(lock_module, 'STALE_SECONDS', 1.0)
+  a = lock_module.WorkdirLock(workdir).acquire()
+  time.sleep(0.3)
+  a.check()  # beating: still A's
+  lock = a.path
+  gate.clear()  # A paused
+  time.sleep(1.5)  # past the stale limit
+  b = lock_module.WorkdirLock(workdir).acquire()
+  taken = lock.read_text()
+  gate.set()  # A continues
+  time.sleep(0.5)
+  return a, b, taken, lock.read_text()

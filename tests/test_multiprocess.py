@@ -9,7 +9,9 @@ batch; the embeddings are gathered on both).
 One stop for every host: SIGTERM or Ctrl-C on one process stops both after
 the same step with one checkpoint (exit 75; 130 on the Ctrl-C'd one), and
 resuming gives the loss curve of an uninterrupted run; an exception on one
-process ends both within a minute, with one ``error:`` line naming it.
+process ends both within a minute, with one ``error:`` line naming it;
+processes started with different settings both stop at start, naming the
+keys.
 """
 
 import os
@@ -20,6 +22,7 @@ import time
 import numpy as np
 import pytest
 
+from prolip_jax.training import host_agreement
 import support
 from support import free_port
 from support import main_command
@@ -158,3 +161,60 @@ def test_an_exception_on_one_host_ends_every_host_within_a_minute(tmp_path):
   assert len(lines) == 1, run.output(1)[-3000:]
   assert 'process 1 of 2' in lines[0]
   assert 'fault injected after step 3' in lines[0]
+
+
+# ----------------------------------------------------------------------------
+# Hosts started with different settings
+
+
+def test_hosts_with_different_settings_are_named_key_by_key():
+  """The line every host prints: each differing key with process 0's value
+  and the other's, the code digest as another checkout (issue 45,
+  finding 5)."""
+  config = support.micro_config(total_steps=20)
+  chief = host_agreement.settings(config)
+  config.total_steps = 12
+  config.optim.lr = 0.5
+  other = host_agreement.settings(config)
+  assert chief[host_agreement.CODE_KEY] == other[host_agreement.CODE_KEY]
+  assert host_agreement.differences(other, chief) == ['optim.lr',
+                                                      'total_steps']
+  stale_code = dict(chief, **{host_agreement.CODE_KEY: 'another'})
+  line = host_agreement.message([chief, other, chief, stale_code])
+  assert line == (
+      'the hosts of this run were started with different settings, which '
+      'would leave them waiting for each other: process 1: optim.lr '
+      f'({chief["optim.lr"]} on process 0, 0.5 on process 1), total_steps '
+      '(20 on process 0, 12 on process 1); process 3: (the prolip_jax code) '
+      '(another checkout or version); start every host with the same '
+      'command line, config file and prolip_jax version')
+  assert '\n' not in line
+
+
+@pytest.mark.serial
+@pytest.mark.slow
+def test_hosts_started_with_different_settings_stop_before_any_step(
+    tmp_path):
+  """Process 1 given another total_steps: both stop at start, before any
+  step or lock, each with one line naming the key (they waited for each
+  other forever before)."""
+  work, port = str(tmp_path / 'run'), free_port()
+  logs = [tmp_path / f'p{i}.log' for i in range(2)]
+  procs = []
+  for i, log in enumerate(logs):
+    with open(log, 'w') as out:
+      procs.append(subprocess.Popen(
+          main_command(work, [f'--coordinator_address=127.0.0.1:{port}',
+                              '--num_processes=2', f'--process_id={i}'],
+                       steps=20 if i == 0 else 12),
+          env=_env(2), cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
+  codes = [p.wait(timeout=300) for p in procs]
+  for i, code in enumerate(codes):
+    text = logs[i].read_text()
+    assert code == 2, text[-3000:]
+    lines = [l for l in text.splitlines() if l.startswith('error:')]
+    assert len(lines) == 1, text[-3000:]
+    assert (f'process {i} of 2' in lines[0] and 'total_steps (20 on process '
+            '0, 12 on process 1)' in lines[0]), lines[0]
+    assert 'Compiling' not in text
+  assert not os.path.exists(os.path.join(work, '.lock'))

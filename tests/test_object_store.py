@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -191,6 +192,88 @@ def test_the_heartbeat_renews_the_lock(gcs, monkeypatch):
     first = json.loads(wd.lock.read_text())['heartbeat']
     time.sleep(1.5)
     assert json.loads(wd.lock.read_text())['heartbeat'] > first
+
+
+def test_a_holder_paused_past_the_stale_limit_loses_its_gcs_lock(
+    gcs, monkeypatch):
+  """As on a local disk (test_resume_rules.py): A's heartbeat leaves the
+  lock B took over as it is, A stops at its next step boundary, only B's
+  release deletes it (issue 45, finding 4)."""
+  wd = Workdir(gcs.url())
+  a, b, taken, later = support.lock_taken_over_while_paused(
+      wd, monkeypatch, workdir_lock)
+  token = lambda text: json.loads(text).get('token', 'none')
+  assert token(later) == token(taken) != 'none'
+  with pytest.raises(errors.WorkdirLockedError, match='lost the workdir'):
+    a.check()
+  a.release()
+  assert token(wd.lock.read_text()) == token(taken)
+  b.release()
+  assert not wd.lock.exists()
+
+
+def test_a_gcs_lock_that_vanishes_while_read_prints_no_traceback(
+    gcs, monkeypatch, capfd):
+  """Another run deletes the stale lock between a reader's open and read
+  (two runs taking it over at once): no gcsfs traceback on stderr, and the
+  lock is taken (issue 45, finding 16)."""
+  import gcsfs  # pylint: disable=g-import-not-at-top
+  wd = Workdir(gcs.url())
+  wd.lock.write_text(json.dumps({'host': 'gone-vm', 'pid': 1, 'heartbeat':
+                                 time.time() - workdir_lock.STALE_SECONDS - 5}))
+  real_open = gcsfs.GCSFileSystem._open  # pylint: disable=protected-access
+
+  def vanishing_open(self, path, mode='rb', **kwargs):
+    f = real_open(self, path, mode, **kwargs)
+    if 'r' in mode and path.endswith('.lock'):
+      self.rm(path)  # the other run's takeover
+    return f
+
+  monkeypatch.setattr(gcsfs.GCSFileSystem, '_open', vanishing_open)
+  with WorkdirLock(wd) as lock:
+    assert lock.held
+    monkeypatch.undo()
+    assert json.loads(wd.lock.read_bytes())['token'] == lock._me['token']  # pylint: disable=protected-access
+  err = capfd.readouterr().err
+  assert 'Traceback' not in err and 'caught an error' not in err, err
+
+
+def test_runs_taking_one_stale_gcs_lock_over_at_once_leave_one_winner(
+    gcs, capfd):
+  """Six runs find one stale lock at once: exactly one holds it after,
+  the others are refused naming it, and no client traceback reaches
+  stderr (issue 45, finding 16)."""
+  for _ in range(3):
+    wd = Workdir(gcs.url())
+    old = time.time() - workdir_lock.STALE_SECONDS - 5
+    wd.lock.write_text(json.dumps({'host': 'gone-vm', 'pid': 1,
+                                   'heartbeat': old}))
+    locks = [WorkdirLock(wd) for _ in range(6)]
+    start, outcomes = threading.Barrier(len(locks)), []
+
+    def take(lock):
+      start.wait()
+      try:
+        lock.acquire()
+        outcomes.append('held')
+      except errors.WorkdirLockedError as e:
+        outcomes.append(str(e))
+
+    threads = [threading.Thread(target=take, args=(l,)) for l in locks]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(60)
+    err = capfd.readouterr().err
+    assert 'Traceback' not in err and 'caught an error' not in err, err
+    assert 'taking over the stale lock' in err
+    assert outcomes.count('held') == 1, outcomes
+    assert all('is in use by pid' in o for o in outcomes if o != 'held')
+    holder = json.loads(wd.lock.read_text())
+    assert [l for l in locks if l.held][0]._me['token'] == holder['token']  # pylint: disable=protected-access
+    for lock in locks:
+      lock.release()
+    assert not wd.lock.exists()
 
 
 def test_metrics_on_a_store_are_whole_objects_repaired_on_resume(gcs):

@@ -9,6 +9,7 @@ train): ``config_drift.check`` on a stored and a requested config,
 
 import json
 import os
+import signal
 import socket
 
 import ml_collections
@@ -19,10 +20,14 @@ from prolip_jax import errors
 from prolip_jax.config import drift as config_drift
 from prolip_jax.config import presets
 from prolip_jax.storage import checkpoint
+from prolip_jax.training import progress
+from prolip_jax.training import signals
+from prolip_jax.training import workdir_lock
 from prolip_jax.training.workdir_lock import WorkdirLock
 
 # The same damage as test_faults.py's end-to-end tests.
 from support import damage_file
+from support import lock_taken_over_while_paused
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO = os.path.join(REPO, 'configs', 'prolip_micro.py')
@@ -120,6 +125,52 @@ def test_stale_lock_is_taken_over_foreign_host_is_not(tmp_path, capfd):
     WorkdirLock(str(tmp_path)).acquire()
 
 
+def test_a_holder_paused_past_the_stale_limit_loses_its_lock(
+    tmp_path, monkeypatch, capfd):
+  """A paused, B takes over, A resumes: A's heartbeat leaves B's lock as
+  it is, A's next step boundary stops it with one line, A's release leaves
+  B's lock and B's release removes it (issue 45, finding 4)."""
+  a, b, taken, later = lock_taken_over_while_paused(
+      str(tmp_path), monkeypatch, workdir_lock)
+  assert 'taking over the stale lock' in capfd.readouterr().err
+  token = lambda text: json.loads(text).get('token', 'none')
+  assert token(later) == token(taken) != 'none'  # A wrote nothing over it
+  with pytest.raises(errors.WorkdirLockedError) as lost:
+    a.check()
+  assert str(lost.value).startswith(
+      f'this run lost the workdir lock {tmp_path / ".lock"}: pid '
+      f'{os.getpid()} on {socket.gethostname()} holds it now (this run sent '
+      'no heartbeat for '), lost.value
+  assert 'stopped without saving' in str(lost.value)
+  a.release()
+  assert token((tmp_path / '.lock').read_text()) == token(taken)
+  b.release()
+  assert not os.path.exists(tmp_path / '.lock')
+
+
+def test_a_live_holder_is_named_with_its_heartbeat_age_and_takeover_time(
+    tmp_path, monkeypatch):
+  """The refusal says how old the holder's heartbeat is and when the lock
+  is taken over automatically; a holder without ``started`` is not shown
+  as ``(since None)`` (issue 45, finding 18)."""
+  now = 1_000_000.0
+  monkeypatch.setattr(workdir_lock.time, 'time', lambda: now)
+  _write_lock(str(tmp_path), host='other-vm', pid=7, heartbeat=now - 90)
+  with pytest.raises(errors.WorkdirLockedError) as held:
+    WorkdirLock(str(tmp_path)).acquire()
+  assert str(held.value) == (
+      f'workdir {tmp_path} is in use by pid 7 on other-vm; last heartbeat '
+      '90 s ago; it is taken over automatically if its heartbeat stops for '
+      '600 s (in 510 s at the earliest); wait for it to finish, or delete '
+      f'{tmp_path / ".lock"} if that run is gone')
+  _write_lock(str(tmp_path), host='other-vm', pid=7, heartbeat=now,
+              started='2025-01-02 03:04:05')
+  with pytest.raises(errors.WorkdirLockedError,
+                     match=r'pid 7 on other-vm \(since 2025-01-02 03:04:05\); '
+                     r'last heartbeat 0 s ago; .* \(in 600 s at the earliest'):
+    WorkdirLock(str(tmp_path)).acquire()
+
+
 @pytest.mark.parametrize('damage', ['garble', 'truncate'])
 def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
     tmp_path, capfd, damage):
@@ -202,3 +253,49 @@ def test_saving_leaves_the_preemption_sync_counter_to_the_loop(
     mngr.wait_until_finished()
     assert mngr.all_steps() == [2, 4, 5]
   assert asked == []
+
+
+# ----------------------------------------------------------------------------
+# A second Ctrl-C
+
+
+@pytest.mark.parametrize('hosts', ['one', 'several'])
+def test_a_second_ctrl_c_after_the_first_always_leaves_at_once(
+    monkeypatch, capfd, hosts):
+  """One host: after the stop the run gives the signals back, and a Ctrl-C
+  then (its end, the final evaluation) leaves at once instead of waiting
+  for a start-up that is over. Several: the first Ctrl-C became the
+  hosts' common stop, the second leaves at once (it printed 'stopping once
+  start-up is done' and stayed) (issue 45, finding 6)."""
+  left = []
+
+  def leave(code):
+    left.append(code)
+    raise SystemExit(code)
+
+  monkeypatch.setattr(os, '_exit', leave)
+  monkeypatch.setattr(signals, '_early', dict(signals._early, stop=False,  # pylint: disable=protected-access
+                                              interrupted=False))
+  monkeypatch.setattr(os, 'kill', lambda pid, signum: None)  # the notifier's
+  before = signal.getsignal(signal.SIGINT)
+  signals.record_early()  # as prolip_jax.main does
+  try:
+    flag = progress.StopFlag()
+    handler = signal.getsignal(signal.SIGINT)
+    if hosts == 'one':
+      handler(signal.SIGINT, None)  # the first: a stop at the next step
+      assert flag.stop and not left
+      flag.close()
+    else:
+      flag._ctrl_c_to_notice(signal.SIGINT, None)  # pylint: disable=protected-access
+    with pytest.raises(SystemExit):
+      signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+    assert left == [errors.EXIT_INTERRUPTED]
+    err = capfd.readouterr().err
+    assert 'stopping once start-up is done' not in err
+    assert err.strip().splitlines()[-1].startswith(
+        'interrupted (Ctrl-C twice)'), err
+    flag.close()
+  finally:
+    signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

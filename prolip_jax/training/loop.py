@@ -137,6 +137,10 @@ def train(loop: Loop, stopper: progress.StopFlag, lock: WorkdirLock):
       loop.state, metrics = loop.train_step(loop.state, batch, run.step_rng)
       step = loop.step = step + 1
       report.after_step(step, metrics)
+      # The workdir lock, before this step writes anything: a run paused
+      # past the stale limit and taken over saves nothing over the new
+      # owner's work; a heartbeat the store refused stops it too.
+      lock.check()
       if first:
         _compiled(step, metrics, t_start, report)
       monitor.add(step, metrics['nonfinite'])
@@ -158,7 +162,6 @@ def train(loop: Loop, stopper: progress.StopFlag, lock: WorkdirLock):
                         stopped)
       _injected_fault(config, step)
       loop.watch.check()  # a save that failed since the last step
-      lock.check()  # the workdir lock's heartbeat
       stopper.at_step(step)  # every host stops after the same step
     monitor.flush()
     failed = False

@@ -344,8 +344,9 @@ class StopFlag:
     notifier's SIGTERM handler takes like the scheduler's."""
     del signum, frame
     self.interrupted = True
-    signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT,
-                                                    signal.default_int_handler))
+    # A second Ctrl-C leaves at once (not the start-up's handler, which
+    # would only wait again, nor Python's, which raises anywhere).
+    signal.signal(signal.SIGINT, lambda signum, _: self._leave_now(signum))
     os.write(2, b'Ctrl-C: every host stops at the next common step and '
              b'saves (Ctrl-C again to interrupt at once)\n')
     os.kill(os.getpid(), signal.SIGTERM)
@@ -379,6 +380,8 @@ class StopFlag:
       except (ValueError, TypeError):  # not the main thread; a C handler
         pass
     self._previous = {}
+    if self.stop or self.interrupted:  # the run is ending: a next one leaves
+      signals.stopped('after the stop: left at once')
 
 
 class NonFiniteMonitor:

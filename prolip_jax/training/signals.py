@@ -16,15 +16,15 @@ from __future__ import annotations
 import os
 import signal
 
-_early = {'stop': False, 'interrupted': False}
+_early = {'stop': False, 'interrupted': False,
+          'second': 'while starting: left at once, nothing new to save'}
 
 
 def _remember(signum, frame):
   del frame
   if _early['stop']:  # a second SIGTERM or Ctrl-C: leave at once
     what = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
-    os.write(2, f'interrupted ({what} twice) while starting: left at once, '
-             'nothing new to save\n'.encode())
+    os.write(2, f'interrupted ({what} twice) {_early["second"]}\n'.encode())
     os._exit(130 if signum == signal.SIGINT else 75)  # errors.EXIT_*
   _early['stop'] = True
   if signum == signal.SIGINT:
@@ -38,6 +38,15 @@ def record_early():
   takes them over (main thread only)."""
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, _remember)
+
+
+def stopped(second: str):
+  """The run's ``StopFlag`` stopped and gives the signals back: from now
+  on a Ctrl-C or SIGTERM leaves at once, with the line ``interrupted
+  (Ctrl-C twice) <second>`` (the run is ending; it never restarts the
+  start-up's wait)."""
+  _early['stop'] = True
+  _early['second'] = second
 
 
 def early() -> tuple[bool, bool]:

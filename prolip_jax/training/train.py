@@ -34,6 +34,7 @@ from prolip_jax import errors
 from prolip_jax import objectives
 from prolip_jax.objectives.base import Objective
 from prolip_jax.storage.workdir import Workdir
+from prolip_jax.training import host_agreement
 from prolip_jax.training import loop
 from prolip_jax.training import progress
 from prolip_jax.training import run_end
@@ -88,6 +89,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
   with errors.config_errors():
     objective = objectives.get(config.objective)  # the run's, passed down
     validate_config(config, objective)
+  # Hosts started with different settings would wait for each other
+  # forever: one line on every host, before anything is written.
+  host_agreement.check(config)
   workdir = Workdir.of(workdir)  # every file of the run, local or gs://
   workdir.check_checkpoint_store()
   # SIGTERM and Ctrl-C from here on: a stop at a step boundary in the loop,
