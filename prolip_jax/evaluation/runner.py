@@ -157,12 +157,14 @@ def _ours(dest) -> list[str]:
   ours = set(owned.listed(dest, owned.REPORT_RECORD) or ())
   if owned.REPORT_RECORD not in present:
     ours |= _summary_files(dest)
-  foreign = [n for n in present if n not in ours | {owned.REPORT_RECORD}]
+  foreign = [n for n in present if n not in ours | {owned.REPORT_RECORD}
+             and not owned.partial_write(n)]
   if foreign:
     raise owned.refusal('--out', dest, foreign,
                         'an evaluation report of ours',
                         f'no {owned.REPORT_RECORD} lists them')
-  return [n for n in present if n != owned.REPORT_RECORD]
+  return [n for n in present
+          if n != owned.REPORT_RECORD and not owned.partial_write(n)]
 
 
 def _summary_files(dest) -> set[str]:

@@ -38,6 +38,13 @@ def entries(directory) -> list[str]:
                 for n in os.listdir(local))
 
 
+def partial_write(name: str) -> bool:
+  """True for the temporary file of a whole-file write (``paths.write_bytes``:
+  ``.NAME.partial-XXXX``) that a kill left behind: a command's own, never
+  a reason to refuse its folder."""
+  return name.startswith('.') and '.partial-' in name and '/' not in name
+
+
 def listed(directory, record: str) -> Optional[list[str]]:
   """The names the record file ``directory/record`` lists (``{"files":
   [...]}`` or ``{"files": {name: ...}}``), or None when it is absent or

@@ -134,7 +134,8 @@ class Workdir:
     if self.marker.exists():
       return
     if not (self.has_checkpoints() or self.unreadable.is_dir()):
-      foreign = [n for n in owned.entries(self.root) if n not in _FRESH]
+      foreign = [n for n in owned.entries(self.root)
+                 if n not in _FRESH and not owned.partial_write(n)]
       if foreign:
         raise owned.refusal(
             '--workdir', self, foreign, 'a training run of ours',
