@@ -54,6 +54,7 @@ def run(model, config=None, out_dir: Optional[str] = None,
     path = os.fspath(model)
     if out_dir is None:
       out_dir = paths.join(paths.parse(path, 'model path'), 'eval')
+    runner.check_out(out_dir)  # a user's folder: refused before the load
     model = load_lib.load(path, step=step)
   return runner.run(model, config, out_dir, log=log, only=only,
                     tfds_data_dir=tfds_data_dir)

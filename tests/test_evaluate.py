@@ -234,6 +234,104 @@ def test_format_table_uses_the_training_summarys_percentages():
   assert line.split()[-1] == table.splitlines()[2].split()[-1] == '94.7%'
 
 
+def test_the_next_commands_are_shell_quoted():
+  """Issue 45, finding 19: pasted into a shell, the printed commands keep a
+  workdir with spaces (and a quote) as one argument."""
+  workdir = "/tmp/my runs/bob's run"
+  text = report.format_summary({'step': 1, 'checkpoint': 'c', 'eval': {},
+                                'workdir': workdir})
+  lines = [l for l in text.splitlines() if 'prolip_jax.evaluate' in l or
+           'export_pytorch.py' in l]
+  assert len(lines) == 2
+  evaluate_args = shlex.split(lines[0].split('Next:', 1)[1])
+  assert evaluate_args == ['python', '-m', 'prolip_jax.evaluate',
+                           '--workdir', workdir]
+  export_args = shlex.split(lines[1])
+  assert export_args == ['python', 'tools/export_pytorch.py', '--workdir',
+                         workdir, '--out', workdir + '/export']
+
+
+def test_evaluate_out_holding_a_users_files_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch):
+  """Issue 45, finding 1: ``--out`` holding a user's summary.json and
+  zero_shot.json is refused in one line before the model is loaded; the
+  files stay as they were."""
+  from prolip_jax.interop import load as load_lib  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'mine'
+  out.mkdir()
+  (out / 'summary.json').write_text('{"acc": 0.91}')
+  (out / 'zero_shot.json').write_text('{"top1": 0.5}')
+  loads = []
+  monkeypatch.setattr(load_lib, 'load', lambda *a, **k: loads.append(a))
+  status = evaluate.command(['evaluate', '--workdir', str(tmp_path / 'w'),
+                             '--out', str(out)])
+  err = capsys.readouterr().err
+  assert status == 2 and not loads
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert len(lines) == 1, err
+  assert lines[0].startswith(f'error: --out {out} is not an evaluation '
+                             'report of ours: it holds summary.json, '
+                             'zero_shot.json'), lines[0]
+  assert (out / 'summary.json').read_text() == '{"acc": 0.91}'
+  assert (out / 'zero_shot.json').read_text() == '{"top1": 0.5}'
+  assert sorted(os.listdir(out)) == ['summary.json', 'zero_shot.json']
+
+
+def test_a_report_lists_its_files_and_is_written_again_over_them(
+    tmp_path, monkeypatch):
+  """The report's record lists every file it wrote (before copying them),
+  so a second report replaces them; a file added by the user is refused;
+  a report from before the record is recognised by its summary.json."""
+  from prolip_jax import errors  # pylint: disable=g-import-not-at-top
+  from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
+  from prolip_jax.storage import owned  # pylint: disable=g-import-not-at-top
+
+  def fake_run(model, config, out_dir, log, only, tfds_data_dir):
+    del model, config, log, tfds_data_dir
+    files = []
+    for name in only:
+      files.append(os.path.join(out_dir, f'{name}.json'))
+      with open(files[-1], 'w') as f:
+        json.dump({'run': name}, f)
+    return {'metrics': {f'{n}/x': 1.0 for n in only}, 'figures': [],
+            'files': files, 'skipped': {}, 'kinds': {}}
+
+  monkeypatch.setattr(runner, '_run', fake_run)
+  out = tmp_path / 'report'
+  summary = runner.run(object(), out_dir=str(out), log=lambda s: None,
+                       only=('zero_shot', 'retrieval'))
+  assert sorted(summary['files']) == sorted(
+      str(out / n) for n in ('zero_shot.json', 'retrieval.json',
+                             'summary.json'))
+  record = json.loads((out / owned.REPORT_RECORD).read_text())['files']
+  assert record == ['retrieval.json', 'summary.json', 'zero_shot.json']
+  # Again, one evaluator: its file replaced, the other report file kept;
+  # a file cut short by a kill in a whole-file write is no user's.
+  (out / '.summary.json.partial-x1').write_text('{')
+  runner.run(object(), out_dir=str(out), log=lambda s: None,
+             only=('zero_shot',))
+  assert json.loads((out / 'summary.json').read_text())['metrics'] == {
+      'zero_shot/x': 1.0}
+  assert json.loads((out / owned.REPORT_RECORD).read_text())['files'] == (
+      record)
+  (out / 'notes.txt').write_text('mine')
+  with pytest.raises(errors.UserError, match='it holds notes.txt'):
+    runner.run(object(), out_dir=str(out), log=lambda s: None,
+               only=('zero_shot',))
+  assert (out / 'notes.txt').read_text() == 'mine'
+  # A report from before the record: its summary.json lists its files.
+  legacy = tmp_path / 'legacy'
+  legacy.mkdir()
+  (legacy / 'zero_shot.json').write_text('{}')
+  (legacy / 'summary.json').write_text(json.dumps(
+      {'metrics': {}, 'figures': [],
+       'files': [str(legacy / 'zero_shot.json')]}))
+  runner.run(object(), out_dir=str(legacy), log=lambda s: None,
+             only=('zero_shot',))
+  assert json.loads((legacy / 'zero_shot.json').read_text()) == {
+      'run': 'zero_shot'}
+
+
 def test_evaluate_help_lists_the_commands_flags(capsys):
   assert evaluate.command(['evaluate', '--help']) == 0
   out = capsys.readouterr().out

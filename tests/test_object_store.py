@@ -184,6 +184,24 @@ def test_the_lock_on_a_store_names_its_holder_and_stale_ones_are_taken(
     WorkdirLock(wd).acquire()
 
 
+def test_a_gcs_workdir_is_claimed_and_another_tools_prefix_refused(gcs):
+  """Issue 45, finding 2 on gs://: a fresh prefix (or one holding only a
+  lock) is claimed with the run's marker and claimed again later; a prefix
+  holding another tool's metrics.jsonl is refused, the object unchanged."""
+  wd = Workdir(gcs.url())
+  wd.lock.write_text('{"host": "h", "pid": 1}')  # killed before its marker
+  wd.claim()
+  assert wd.marker.exists()
+  (wd.root / 'notes.txt').write_text('added later')
+  wd.claim()
+  other = Workdir(gcs.url())
+  other.metrics.write_text('{"step":100,"acc":0.91}\n')
+  with pytest.raises(errors.UserError, match='it holds metrics.jsonl'):
+    other.claim()
+  assert not other.marker.exists()
+  assert other.metrics.read_text() == '{"step":100,"acc":0.91}\n'
+
+
 @pytest.mark.serial
 def test_the_heartbeat_renews_the_lock(gcs, monkeypatch):
   monkeypatch.setattr(workdir_lock, 'HEARTBEAT_SECONDS', 0.2)

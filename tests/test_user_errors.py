@@ -92,6 +92,32 @@ def test_swapped_tokenizer_is_refused_by_load_and_export(
   assert not np.array_equal(Tokenizer(b, 12)(['a red cat']), ids_a)
 
 
+def test_evaluate_of_an_export_runs_the_evaluators_of_its_run(
+    tmp_path, tokenizers, export_tool):
+  """Issue 45, finding 17: an export records what evaluation reads of its
+  run (the training set, its evals), so ``evaluate --workdir EXPORT`` of a
+  digits run runs the digits report, as it does on the workdir."""
+  from prolip_jax.evaluation import runner  # pylint: disable=g-import-not-at-top
+  from prolip_jax.interop import manifest  # pylint: disable=g-import-not-at-top
+  wd = imported_workdir(tmp_path / 'wd', tokenizers[0])  # trained on digits
+  out = str(tmp_path / 'out')
+  cfg = export_tool.export(wd, out)
+  assert cfg['prolip_jax']['run_config']['data'] == {'name': 'digits'}
+  from_workdir = runner.checkpoint_evals(prolip_jax.load(wd)).to_dict()
+  assert 'zero_shot' in from_workdir  # the bundled digits report
+  assert runner.checkpoint_evals(
+      prolip_jax.load(out)).to_dict() == from_workdir
+  # An export that records no run says so, not that it was not trained on
+  # the digits.
+  config_json = os.path.join(out, 'config.json')
+  cfg['prolip_jax'].pop('run_config')
+  with open(config_json, 'w') as f:
+    json.dump(cfg, f)
+  manifest.write(out)  # as an export from before the record was written
+  with pytest.raises(errors.ConfigError, match='records no training run'):
+    runner.checkpoint_evals(prolip_jax.load(out, tokenizer=tokenizers[0]))
+
+
 def test_export_records_the_tokenizer_and_load_checks_it(
     tmp_path, tokenizers, export_tool):
   a, b = tokenizers
@@ -248,6 +274,39 @@ def test_replace_dir_without_an_atomic_exchange_still_replaces_whole(
     atomic.replace_dir(tmp, str(target))
   assert sorted(os.listdir(target)) == ['new.txt']
   assert sorted(os.listdir(tmp_path)) == ['out']
+
+
+def test_an_export_through_a_symlink_replaces_the_folder_it_points_to(
+    tmp_path, tokenizers, export_tool, monkeypatch):
+  """Issue 45, finding 21: ``--out LINK`` (a link to an export of ours)
+  replaces the folder the link points to; the link stays a link and no
+  staging folder or renamed link is left, with or without the atomic
+  exchange."""
+  from prolip_jax.storage import atomic  # pylint: disable=g-import-not-at-top
+  wd1 = imported_workdir(tmp_path / 'wd1', tokenizers[0])
+  wd2 = imported_workdir(tmp_path / 'wd2', tokenizers[0],
+                         params=tiny_params(seed=1))
+  real = tmp_path / 'exports' / 'v1'
+  weights = lambda: (real / 'model.safetensors').read_bytes()
+  export_tool.export(wd1, str(real))
+  of_wd1 = weights()
+  link = tmp_path / 'LINK'
+  link.symlink_to(real)
+  for exchange in (True, False):
+    if not exchange:
+      monkeypatch.setattr(atomic, '_exchange', lambda a, b: False)
+    export_tool.export(wd2 if exchange else wd1, str(link))
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert sorted(os.listdir(tmp_path)) == ['LINK', 'exports', 'wd1', 'wd2']
+    assert os.listdir(tmp_path / 'exports') == ['v1']
+    assert (weights() == of_wd1) == (not exchange)  # the new export's
+  # A renamed link left by an earlier version is removed as stale.
+  dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+  dead.wait()
+  left = tmp_path / f'.LINK.partial-{dead.pid}-abc-old'
+  left.symlink_to(real)
+  export_tool.export(wd1, str(link))
+  assert not os.path.lexists(left) and real.is_dir()
 
 
 def test_export_refuses_a_folder_that_is_not_an_export(
@@ -434,6 +493,61 @@ def test_os_errors_of_the_workdir_are_one_line_status_2(
               'read_only': 'read-only', 'permission': 'ermission denied',
               'disk_full_lock': 'No space left'}[case]
   assert expected in line, line
+
+
+def test_training_refuses_a_folder_holding_another_tools_files(
+    tmp_path, capfd):
+  """Issue 45, finding 2: a folder holding another tool's metrics.jsonl
+  (two rows and a free-text line) is refused in one line before anything
+  in it changes; no lock or marker is left behind."""
+  target = tmp_path / 'other_tool'
+  target.mkdir()
+  theirs = '{"step":100,"acc":0.91}\n{"step":200,"acc":0.93}\nfree text\n'
+  (target / 'metrics.jsonl').write_text(theirs)
+  t0 = time.time()
+  assert _train_cli(micro_config(), str(target)) == errors.EXIT_USER_ERROR
+  assert time.time() - t0 < 10
+  err = capfd.readouterr().err
+  line = _one_line(err)
+  assert line.startswith(f'error: --workdir {target} is not a training run '
+                         'of ours: it holds metrics.jsonl'), line
+  assert 'dropped' not in err
+  assert (target / 'metrics.jsonl').read_text() == theirs
+  assert sorted(os.listdir(target)) == ['metrics.jsonl']
+
+
+def test_a_run_of_ours_or_a_fresh_folder_is_claimed(tmp_path):
+  """What counts as a run of ours: the marker a run writes right after its
+  lock; checkpoints (a run from before the marker, an import); a fresh
+  folder holding only a lock (a run killed before its marker) and a
+  tokenizer (read, never written over). Anything else is refused."""
+  from prolip_jax.storage.workdir import Workdir  # pylint: disable=g-import-not-at-top
+  fresh = Workdir(tmp_path / 'fresh')
+  fresh.claim()  # missing: nothing to refuse
+  assert fresh.marker.exists()
+  (fresh.root / 'notes.txt').write_text('later')
+  fresh.claim()  # marked: a run of ours, whatever was added since
+  killed = Workdir(tmp_path / 'killed')
+  killed.create()
+  killed.lock.write_text('{"host": "h", "pid": 1}')
+  killed.tokenizer.write_bytes(b'x')
+  killed.claim()
+  assert killed.marker.exists()
+  legacy = Workdir(tmp_path / 'legacy')  # checkpoints, no marker
+  (legacy.checkpoints / '5').mkdir(parents=True)
+  (legacy.root / 'metrics.jsonl').write_text('{"step": 0}\n')
+  legacy.claim()
+  assert legacy.marker.exists()
+  for name in ('metrics.jsonl', 'tensorboard/', 'notes.txt'):
+    other = Workdir(tmp_path / 'other' / name.strip('/'))
+    other.create()
+    if name.endswith('/'):
+      (other.root / name).mkdir()
+    else:
+      (other.root / name).write_text('theirs')
+    with pytest.raises(errors.UserError, match=f'it holds {name}'):
+      other.claim()
+    assert not other.marker.exists()
 
 
 def test_a_bug_keeps_its_traceback(capfd):

@@ -171,8 +171,11 @@ def _run_settings(meta: dict[str, Any], run_cfg: dict[str, Any]
                   ) -> dict[str, Any]:
   """What config.json's ``prolip_jax`` key records of the run beside the
   model: the step, the eval image transform (normalisation, view and
-  channel order where not the default) and the tokenizer's settings
-  (``mask_id``, ``clean``, ``keep_eos`` where set)."""
+  channel order where not the default), the tokenizer's settings
+  (``mask_id``, ``clean``, ``keep_eos`` where set) and, as ``run_config``,
+  what evaluation reads of the run (its ``data.name``, ``evals`` and
+  ``eval.tfds_data_dir``: ``evaluate --workdir EXPORT`` runs the run's
+  evaluators)."""
   extra: dict[str, Any] = {'step': meta.get('step')}
   data = run_cfg.get('data') or {}
   for k in ('mean', 'std'):
@@ -190,6 +193,13 @@ def _run_settings(meta: dict[str, Any], run_cfg: dict[str, Any]
     extra['clean'] = tok_cfg['clean']
   if tok_cfg.get('keep_eos', False):
     extra['keep_eos'] = True
+  # What evaluation reads of the run: its training set (the bundled
+  # report of the digits or emoji) and its evaluators.
+  extra['run_config'] = {
+      'data': {'name': data.get('name', '')},
+      'evals': dict(run_cfg.get('evals') or {}),
+      'eval': {'tfds_data_dir':
+               (run_cfg.get('eval') or {}).get('tfds_data_dir', '')}}
   return extra
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import shlex
 from typing import Any, Callable, Mapping, NamedTuple
 
 from prolip_jax.evaluation import kinds
@@ -303,7 +304,9 @@ def format_summary(summary: dict[str, Any]) -> str:
   workdir = summary.get('workdir')
   lines.append(f"Checkpoint: {summary['checkpoint']}")
   if workdir and not summary.get('preempted'):
-    lines.append(f'Next: python -m prolip_jax.evaluate --workdir {workdir}')
-    lines.append(f'      python tools/export_pytorch.py --workdir {workdir} '
-                 f'--out {workdir}/export')
+    # Quoted: pasted into a shell, a path with spaces stays one argument.
+    quoted = shlex.quote(str(workdir))
+    lines.append(f'Next: python -m prolip_jax.evaluate --workdir {quoted}')
+    lines.append(f'      python tools/export_pytorch.py --workdir {quoted} '
+                 f'--out {shlex.quote(f"{workdir}/export")}')
   return '\n'.join(lines)

@@ -10,7 +10,10 @@ bundled report ``configs/eval/digits.py``).
 
 Writes ``OUT/<name>.json`` per evaluator, its figures beside them, and
 ``OUT/summary.json`` with every scalar; returns the summary and logs a
-table.
+table. ``OUT`` must be missing, empty or a report of ours: the files are
+written elsewhere first, then copied in after ``OUT/prolip_jax_eval_files.json``
+(``owned.REPORT_RECORD``), which lists every file a report wrote there;
+a folder holding anything else is refused before any work (``check_out``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from typing import Callable, Optional
 
 import ml_collections
 
 from prolip_jax import errors
+from prolip_jax.storage import owned
 from prolip_jax.storage import paths
 from prolip_jax import sharding as shd
 from prolip_jax.evaluation import encoders as encoders_lib
@@ -30,6 +36,8 @@ from prolip_jax.evaluation import evaluator
 from prolip_jax.evaluation import sets
 from prolip_jax.evaluation.evaluator import jsonable
 from prolip_jax.evaluation.report import format_table
+
+SUMMARY_FILE = 'summary.json'
 
 
 def checkpoint_evals(model) -> ml_collections.ConfigDict:
@@ -47,9 +55,14 @@ def checkpoint_evals(model) -> ml_collections.ConfigDict:
     report = load_config_file(bundled_config_path(dataset)).evals.to_dict()
     evals = {**report, **evals}
   if not evals:
+    # Say what is known: an export from before exports recorded their run
+    # (or a release snapshot) records nothing of its training data.
+    why = (f'its run config has no evals and names the training set '
+           f'{dataset!r}, which has no bundled report' if run_config else
+           'it records no training run: a release snapshot, or an export '
+           'from before exports recorded one (export it again)')
     raise errors.ConfigError(
-        'the model declares no evaluators (its config has no evals and was '
-        'not trained on the bundled digits or emoji): pass --config, e.g. '
+        f'the model declares no evaluators ({why}): pass --config, e.g. '
         'configs/eval/benchmarks.py')
   return ml_collections.ConfigDict(evals)
 
@@ -101,22 +114,82 @@ def run(model, config=None, out_dir: Optional[str] = None,
                     'prolip_jax.evaluate.run loads one from a path')
   if out_dir is None:
     raise ValueError('out_dir is required')
-  dest = paths.parse(out_dir, 'out_dir')
-  # A gs:// or s3:// destination gets its files uploaded at the end.
-  with paths.local_dir_for(dest) as local:
+  dest = check_out(out_dir)  # a folder of the user's: before any work
+  # Written in a folder of its own, then copied into ``dest`` after the
+  # record that lists every file (a kill mid-copy leaves only ours).
+  local = tempfile.mkdtemp(prefix='prolip_jax-eval-')
+  try:
     summary = _run(model, config, local, log, only, tfds_data_dir)
-    with open(os.path.join(local, 'summary.json'), 'w',
+    with open(os.path.join(local, SUMMARY_FILE), 'w',
               encoding='utf-8') as f:
       json.dump(jsonable(summary), f, indent=1)
-    summary['files'].append(os.path.join(local, 'summary.json'))
-    if local != os.fspath(dest):  # name the files where they end up
-      where = lambda p: p.replace(local, os.fspath(dest), 1)
-      summary['files'] = [where(p) for p in summary['files']]
-      summary['figures'] = [where(p) for p in summary['figures']]
+    summary['files'].append(os.path.join(local, SUMMARY_FILE))
+    _publish(local, dest)
+    where = lambda p: p.replace(local, os.fspath(dest), 1)
+    summary['files'] = [where(p) for p in summary['files']]
+    summary['figures'] = [where(p) for p in summary['figures']]
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
   log(format_table(summary['metrics'], kinds=summary.get('kinds')))
   if summary['figures']:
     log('figures:\n' + '\n'.join(f'  {p}' for p in summary['figures']))
   return summary
+
+
+def check_out(out_dir) -> paths.Path:
+  """``out_dir`` parsed, once it is known to be missing, empty or an
+  evaluation report of ours: every entry listed by its
+  ``owned.REPORT_RECORD`` (or, for a report written before the record, by
+  its ``summary.json``'s files). Anything else is refused in one line
+  (``errors.UserError``): a report never replaces a file it did not
+  write."""
+  dest = paths.parse(out_dir, '--out')
+  if dest.is_file():
+    raise errors.UserError(f'--out {dest} is a file, not a folder')
+  _ours(dest)
+  return dest
+
+
+def _ours(dest) -> list[str]:
+  """The report files ``dest`` holds (``check_out``'s refusal when it
+  holds others)."""
+  present = owned.entries(dest)
+  ours = set(owned.listed(dest, owned.REPORT_RECORD) or ())
+  if owned.REPORT_RECORD not in present:
+    ours |= _summary_files(dest)
+  foreign = [n for n in present if n not in ours | {owned.REPORT_RECORD}
+             and not owned.partial_write(n)]
+  if foreign:
+    raise owned.refusal('--out', dest, foreign,
+                        'an evaluation report of ours',
+                        f'no {owned.REPORT_RECORD} lists them')
+  return [n for n in present
+          if n != owned.REPORT_RECORD and not owned.partial_write(n)]
+
+
+def _summary_files(dest) -> set[str]:
+  """The files a report from before ``owned.REPORT_RECORD`` wrote, as its
+  ``summary.json`` lists them (its ``files`` and ``figures``, with
+  ``metrics``); empty for any other file of that name."""
+  try:
+    summary = json.loads((paths.as_path(dest) / SUMMARY_FILE).read_text())
+    written = list(summary['files']) + list(summary['figures'])
+    assert isinstance(summary['metrics'], dict)
+  except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    return set()
+  return {os.path.basename(str(p)) for p in written} | {SUMMARY_FILE}
+
+
+def _publish(local: str, dest):
+  """Copies the report files of ``local`` into ``dest``, after the record
+  that lists them with the report files already there."""
+  names = sorted(os.listdir(local))
+  kept = _ours(dest)  # again: the folder may have changed meanwhile
+  if not paths.is_remote(dest):
+    dest.mkdir(parents=True, exist_ok=True)
+  owned.write_record(dest, owned.REPORT_RECORD, kept + names)
+  for name in names:
+    paths.copy_file(os.path.join(local, name), dest / name)
 
 
 def _run(model, config, out_dir: str, log, only, tfds_data_dir) -> dict:

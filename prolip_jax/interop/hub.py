@@ -216,6 +216,9 @@ class SnapshotSettings:
   # sha256 of the snapshot's own tokenizer file, as the export recorded it.
   tokenizer_sha256: Optional[str] = None
   image_order: str = 'rgb_first'  # pipeline.eval_images's order
+  # What an export records of its training run (``data.name``, ``evals``,
+  # ``eval.tfds_data_dir``): the evaluators ``evaluate`` runs by default.
+  run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def tokenizer(self):
     """The ``Tokenizer`` these settings describe."""
@@ -367,7 +370,8 @@ def snapshot_settings(path: str, tokenizer: Optional[str] = None
         std=tuple(project.get('std', CLIP_STD)),
         image_view=project.get('image_view', 'default'), release=False,
         tokenizer_sha256=project.get('tokenizer_sha256'),
-        image_order=project.get('image_order', 'rgb_first'))
+        image_order=project.get('image_order', 'rgb_first'),
+        run_config=dict(project.get('run_config') or {}))
   tc = cfg_json.get('text_cfg') or {}
   pre = cfg_json.get('preprocess_cfg') or {}
   clean = (tc.get('tokenizer_kwargs') or {}).get('clean', RELEASE_CLEAN)

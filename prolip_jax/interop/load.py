@@ -288,7 +288,7 @@ def load_snapshot(path_or_repo: str, tokenizer: Optional[str] = None,
   model_cfg, params = at_image_size(model_cfg, params, image_size)
   model = LoadedModel(model_cfg, params, s.tokenizer(), s.mean, s.std,
                       batch_size=batch_size, image_view=s.image_view,
-                      image_order=s.image_order)
+                      image_order=s.image_order, run_config=s.run_config)
   require_finite_outputs(model, f'the snapshot {path}')
   model.source = (path_or_repo if hub.is_hub_id(path_or_repo)
                   else _last_part(path_or_repo))

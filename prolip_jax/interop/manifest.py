@@ -22,6 +22,7 @@ import os
 from typing import Any, Iterable, Optional
 
 from prolip_jax import errors
+from prolip_jax.storage import owned
 from prolip_jax.storage import paths
 
 MANIFEST_FILE = 'prolip_jax_manifest.json'
@@ -118,36 +119,19 @@ def download(remote, local_dir: str) -> dict[str, Any]:
 
 
 def entries(directory) -> list[str]:
-  """What ``directory`` holds, sorted: locally its entries (a folder's name
-  ends in ``/``), on an object store the relative path of every object
-  under the prefix; [] when it does not exist."""
-  path = paths.as_path(directory)
-  if paths.is_remote(path):
-    return paths.files_under(path)
-  local = os.fspath(path)
-  if not os.path.isdir(local):
-    return []
-  return sorted(n + '/' if os.path.isdir(os.path.join(local, n)) else n
-                for n in os.listdir(local))
+  """What ``directory`` holds (``owned.entries``)."""
+  return owned.entries(directory)
 
 
 def write_pending(directory, names: Iterable[str]):
   """Records in ``directory/PENDING_FILE`` the files an export is about to
   replace or write there (object stores: see the module's docstring)."""
-  paths.write_text(paths.as_path(directory) / PENDING_FILE,
-                   json.dumps({'format': 1, 'files': sorted(set(names))},
-                              indent=1))
+  owned.write_record(directory, PENDING_FILE, names)
 
 
 def _pending(directory) -> Optional[list[str]]:
   """The names ``directory/PENDING_FILE`` records, or None."""
-  path = paths.as_path(directory) / PENDING_FILE
-  try:
-    names = json.loads(path.read_text())['files']
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-  return [n for n in names if isinstance(n, str)] if isinstance(
-      names, list) else None
+  return owned.listed(directory, PENDING_FILE)
 
 
 def foreign(directory) -> tuple[list[str], str]:

@@ -6,6 +6,9 @@ An export or an import is built in a staging folder beside its target
 atomic) and moved into place in one step; a process killed at any point
 leaves the old target or the new one, never a mix. Staging folders of dead
 processes are removed by the next writer of the same target.
+
+A target that is a symbolic link stands for the folder it points to: that
+folder is replaced and the link stays a link (``resolve``).
 """
 
 from __future__ import annotations
@@ -57,28 +60,47 @@ def _alive(pid: int) -> bool:
   return True
 
 
+def resolve(target: str) -> str:
+  """The absolute path ``target`` stands for: where a symbolic link (or a
+  chain of them) points, else ``target`` itself. Replacing the link itself
+  would turn it into a folder and leave the folder it pointed to behind."""
+  return os.path.realpath(os.path.abspath(target))
+
+
+def _remove(path: str):
+  """Removes a folder, or a file or link (``rmtree`` refuses a link)."""
+  if os.path.islink(path) or not os.path.isdir(path):
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(path)
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def remove_stale(target: str):
-  """Removes staging folders of ``target`` left by processes that died."""
-  parent = os.path.dirname(os.path.abspath(target))
-  prefix = f'.{os.path.basename(os.path.abspath(target))}{_PARTIAL}'
-  if not os.path.isdir(parent):
-    return
-  for name in os.listdir(parent):
-    if not name.startswith(prefix):
+  """Removes staging folders of ``target`` (a link's, and those of the
+  folder it points to) left by processes that died."""
+  for path in {os.path.abspath(target), resolve(target)}:
+    parent = os.path.dirname(path)
+    prefix = f'.{os.path.basename(path)}{_PARTIAL}'
+    if not os.path.isdir(parent):
       continue
-    pid = name[len(prefix):].split('-', 1)[0]
-    if pid.isdigit() and not _alive(int(pid)):
-      shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    for name in os.listdir(parent):
+      if not name.startswith(prefix):
+        continue
+      pid = name[len(prefix):].split('-', 1)[0]
+      if pid.isdigit() and not _alive(int(pid)):
+        _remove(os.path.join(parent, name))
 
 
 @contextlib.contextmanager
 def staging_dir(target: str) -> Iterator[str]:
   """A new empty folder beside ``target`` to build its contents in; removed
-  when the block raises (or was not moved into place by ``replace_dir``)."""
-  target = os.path.abspath(target)
+  when the block raises (or was not moved into place by ``replace_dir``);
+  beside the folder a link ``target`` points to (``resolve``)."""
+  remove_stale(target)  # the link's own name too
+  target = resolve(target)
   parent = os.path.dirname(target)
   os.makedirs(parent, exist_ok=True)
-  remove_stale(target)
   tmp = tempfile.mkdtemp(
       dir=parent, prefix=f'.{os.path.basename(target)}{_PARTIAL}{os.getpid()}-')
   try:
@@ -113,10 +135,12 @@ def replace_dir(staged: str, target: str):
 
   With ``renameat2(RENAME_EXCHANGE)`` (Linux) the swap is atomic: ``target``
   always holds the old folder or the new one. Elsewhere the old folder is
-  first renamed aside, a short window where ``target`` is missing.
+  first renamed aside, a short window where ``target`` is missing. A
+  ``target`` that is a link: the folder it points to is replaced
+  (``resolve``), the link left as it is.
   """
   fix_modes(staged)
-  target = os.path.abspath(target)
+  target = resolve(target)
   if not os.path.lexists(target):
     os.rename(staged, target)
     return
@@ -127,4 +151,4 @@ def replace_dir(staged: str, target: str):
   aside = staged + '-old'
   os.rename(target, aside)
   os.rename(staged, target)
-  shutil.rmtree(aside, ignore_errors=True)
+  _remove(aside)

@@ -7,21 +7,33 @@ and passed down, so no module joins file names onto a string of its own.
 Layout::
 
   WORKDIR/.lock                       the holder of a writing run (workdir_lock)
+  WORKDIR/prolip_jax_run.json         the mark of a run of ours (``claim``)
   WORKDIR/tokenizer.model             the run's tokenizer (any kind)
   WORKDIR/metrics.jsonl               one JSON row per logged step
   WORKDIR/tensorboard/                TensorBoard events (and profiles)
   WORKDIR/checkpoints/<step>/         Orbax checkpoints
   WORKDIR/checkpoints_unreadable/     steps set aside as unreadable
   WORKDIR/evals/step_<N>/             evaluator reports and figures
+
+A run writes into a folder only when it is a run of ours (``claim``): one
+holding ``RUN_MARKER``, which a run writes right after it takes the lock and
+before anything else, or checkpoints (a run from before the marker, an
+import); or a fresh one, missing or holding nothing but a lock and a
+tokenizer (which a run only reads). Any other
+folder (another tool's ``metrics.jsonl``, a user's files) is refused in one
+line before anything in it changes.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Union
 
 from prolip_jax import errors
 from prolip_jax.storage import file_names
+from prolip_jax.storage import owned
 from prolip_jax.storage import paths
 
 LOCK_FILE = '.lock'
@@ -30,6 +42,10 @@ TENSORBOARD_DIR = 'tensorboard'
 CHECKPOINT_DIR = 'checkpoints'
 UNREADABLE_DIR = 'checkpoints_unreadable'
 EVALS_DIR = 'evals'
+RUN_MARKER = 'prolip_jax_run.json'
+# What a fresh workdir may hold: a lock (a run killed before its marker) and
+# a tokenizer, which a run reads and never writes over (setup_tokenizer).
+_FRESH = (LOCK_FILE, file_names.TOKENIZER_MODEL)
 
 
 class Workdir:
@@ -104,6 +120,30 @@ class Workdir:
 
   def has_checkpoints(self) -> bool:
     return self.checkpoints.is_dir()
+
+  @property
+  def marker(self) -> paths.Path:
+    return self.root / RUN_MARKER
+
+  def claim(self):
+    """Marks the workdir as a run of ours (``RUN_MARKER``), once it is known
+    to be one or to be fresh (see the module docstring); raises
+    ``errors.UserError`` (one line naming what it holds) for a folder that
+    holds files no run of ours wrote. Called by the lock's holder before
+    the run writes anything else."""
+    if self.marker.exists():
+      return
+    if not (self.has_checkpoints() or self.unreadable.is_dir()):
+      foreign = [n for n in owned.entries(self.root)
+                 if n not in _FRESH and not owned.partial_write(n)]
+      if foreign:
+        raise owned.refusal(
+            '--workdir', self, foreign, 'a training run of ours',
+            f'no {RUN_MARKER} and no {CHECKPOINT_DIR}/: a run writes its '
+            f'{RUN_MARKER} first')
+    self.create()
+    paths.write_text(self.marker, json.dumps(
+        {'format': 1, 'created': time.strftime('%Y-%m-%d %H:%M:%S')}))
 
   def check_checkpoint_store(self):
     """Raises ``errors.UserError`` (one line) where Orbax cannot keep

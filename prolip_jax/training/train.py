@@ -105,13 +105,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
     if jax.process_index() == 0:
       try:
         lock.acquire()
-      except errors.WorkdirLockedError as e:
+        workdir.claim()  # a folder of ours or a fresh one, before any write
+      except errors.UserError as e:  # held, or holding files not ours
+        lock.release(patience_s=STORE_FAILED_RELEASE_S if isinstance(
+            e, errors.StoreError) else None)
         failure = e
+      except BaseException:
+        lock.release()
+        raise
     if jax.process_count() > 1:  # every process stops if process 0 could not
       held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
       if not held and failure is None:
         failure = errors.WorkdirLockedError(
-            f'workdir {workdir} is in use (see process 0)')
+            f'workdir {workdir} is in use or not a run of ours (see '
+            'process 0)')
     if failure is not None:
       raise failure
     try:
