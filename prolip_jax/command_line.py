@@ -49,6 +49,36 @@ def check_overrides(argv: Sequence[str], keys: Iterable[str], where: str):
                              f'{errors.nearest(key, keys)}; {where}')
 
 
+# How a command line writes None ('none': ml_collections' own spelling).
+_NONE = ('None', 'none')
+
+
+def none_overrides(argv: Sequence[str], allowed: Iterable[str]
+                   ) -> tuple[list[str], list[str]]:
+  """``(argv without its None overrides, their keys)``: the
+  ``--config.KEY=None`` (or ``--config.KEY None``) of each key in ``allowed``
+  (declared ``none_allowed``) whose last override is None. absl's parser
+  reads an override as the type of the key's default (an int has no None),
+  so these are set after it ran."""
+  allowed = set(allowed)
+  kept, last = [], {}
+  i = 0
+  while i < len(argv):
+    arg = argv[i]
+    key, eq, value = arg[len('--config.'):].partition('=')
+    taken = 1
+    if arg.startswith('--config.') and key in allowed:
+      if not eq and i + 1 < len(argv):  # --config.KEY VALUE
+        value, taken = argv[i + 1], 2
+      last[key] = value in _NONE
+      if last[key]:
+        i += taken
+        continue
+    kept.extend(argv[i:i + taken])
+    i += taken
+  return kept, [key for key, is_none in last.items() if is_none]
+
+
 def refuse_positional(rest: Sequence[str]):
   """Raises ``errors.UserError`` for arguments absl left unparsed (``rest``
   without the program name): a config path without ``--config`` would
@@ -137,6 +167,7 @@ def parse_training_config(argv: Sequence[str]):
   ``prolip_jax.aot``'s flags, defining them first); raises ``UserError``
   with a one-line reason."""
   from prolip_jax.config import help as config_help  # pylint: disable=g-import-not-at-top
+  from prolip_jax.config import keys as config_keys  # pylint: disable=g-import-not-at-top
   from prolip_jax.config import presets  # pylint: disable=g-import-not-at-top
   path = config_path(argv, DEFAULT_TRAINING_CONFIG)
   if not os.path.isfile(path):
@@ -147,10 +178,19 @@ def parse_training_config(argv: Sequence[str]):
     raise errors.UserError(f'config file {path!r} failed to load: '
                            f'{type(e).__name__}: {e}') from e
   check_overrides(argv, keys, '--print_config lists them')
+  argv, to_none = none_overrides(argv, (
+      k for k, d in config_keys.KEYS.items() if d.none_allowed))
   try:
     define_training_flags(argv)
     rest = flags.FLAGS(argv)
   except flags.Error as e:
     raise errors.UserError(str(e)) from e
   refuse_positional(rest[1:])
-  return flags.FLAGS.config
+  config = flags.FLAGS.config
+  for key in to_none:  # e.g. keep_checkpoints=None: keep every one
+    *parents, last = key.split('.')
+    node = config
+    for part in parents:
+      node = node[part]
+    node[last] = None
+  return config

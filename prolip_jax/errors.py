@@ -53,6 +53,7 @@ import traceback
 import warnings
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+from prolip_jax import out_of_memory
 from prolip_jax import store_answers
 
 EXIT_BUG = 1
@@ -136,6 +137,11 @@ class NonFiniteParamsError(UserError, ValueError):
   """A model whose parameters hold a NaN or an infinity."""
 
 
+class OutOfMemoryError(UserError, MemoryError):
+  """A device or the host ran out of memory: what ran out, what was asked
+  for and the settings that lower it (``out_of_memory.describe``)."""
+
+
 # OS errors that are the user's environment, not our bug, by class (also
 # raised by our own code with a message) and by errno (no own class).
 _USER_OS_CLASSES = (FileNotFoundError, FileExistsError, NotADirectoryError,
@@ -202,8 +208,9 @@ def store_error(operation: str, exc: BaseException,
 
 def user_error_of(exc: BaseException) -> Optional[BaseException]:
   """The user's error behind ``exc`` (``exc`` itself, its cause or context,
-  or a member of an exception group): a ``UserError`` or an OS error of the
-  user's environment (missing path, read-only, disk full, permission). None
+  or a member of an exception group): a ``UserError``, an OS error of the
+  user's environment (missing path, read-only, disk full, permission) or
+  memory that ran out (an ``OutOfMemoryError`` saying what to lower). None
   when ``exc`` is a bug. A failed request to an object store (anywhere
   behind ``exc``) is a ``StoreError``."""
   for e in store_answers.chain(exc):
@@ -211,6 +218,9 @@ def user_error_of(exc: BaseException) -> Optional[BaseException]:
       return e
     if store_answers.store_fault(e) is not None:  # a request to a bucket
       return store_error('a request to the store', e)
+    memory = out_of_memory.describe(e)  # XLA's RESOURCE_EXHAUSTED
+    if memory is not None:
+      return OutOfMemoryError(memory)
     if isinstance(e, _USER_OS_CLASSES) or (
         isinstance(e, OSError) and e.errno in _USER_ERRNOS):
       return e

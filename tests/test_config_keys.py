@@ -4,7 +4,9 @@ it does change, measured on the optimizer-state and parameter trees the run
 builds."""
 
 import glob
+import math
 import os
+import re
 import sys
 
 import jax
@@ -334,3 +336,72 @@ def test_drift_treats_an_absent_key_as_its_default():
                      r'\(changes the optimizer-state tree\)'):
     config_drift.check(stored, {'optim': {'lr': 1e-3, 'unc_lr_mult': 10.0}},
                        5)
+
+
+def _number_keys() -> set[str]:
+  """Every key whose default is a float or a tuple of floats."""
+  return {k for k, d in config_keys.KEYS.items()
+          if isinstance(d.default, float) or (
+              isinstance(d.default, tuple) and d.default
+              and all(isinstance(v, float) for v in d.default))}
+
+
+def _probes(notation: str) -> list[tuple[float, bool]]:
+  """``(value, inside)`` around each end of ``notation`` ('[0, 1)'), read
+  here from the brackets: an end itself is inside when its bracket is
+  closed, a step beyond it never; infinity is a value only where a bracket
+  closes on it; NaN is never inside."""
+  low, high = (float(x) for x in notation[1:-1].split(','))
+  out = [(math.nan, False)]
+  for end, closed, outward in ((low, notation[0] == '[', -1.0),
+                               (high, notation[-1] == ']', 1.0)):
+    if math.isinf(end):
+      out.append((end, closed))
+    else:
+      out += [(end, closed), (end + outward * max(1.0, abs(end)), False),
+              (outward * math.inf, False)]
+  return out
+
+
+def test_every_number_key_declares_its_interval_and_check_values_keeps_it():
+  """Every float key declares ``within`` (and only those do); for each,
+  ``check_values`` accepts the default and refuses values beyond either
+  end, NaN, and infinity unless the interval includes it, naming the key;
+  the issue's probes (ema_decay 1, betas, negative decay and clip) are
+  outside."""
+  declared = {k for k, d in config_keys.KEYS.items() if d.within}
+  assert declared == _number_keys()
+  expected = {'optim.ema_decay': '[0, 1)', 'optim.b1': '[0, 1)',
+              'optim.b2': '[0, 1)', 'optim.weight_decay': '[0, inf)',
+              'optim.grad_clip': '[0, inf)', 'optim.lr': '[0, inf)',
+              'masking.image_keep_ratio': '(0, 1]',
+              'loss.otter.eta': '[0, inf]'}  # eta = inf: no self-match
+  assert {k: config_keys.KEYS[k].within for k in expected} == expected
+  config = presets.load_config_file(MICRO)
+  for objective in ('pcclip', 'uniclip'):
+    config_keys.add(config, objective)
+  config_keys.check_values(config)
+  for key in sorted(declared):
+    node = config
+    *parents, last = key.split('.')
+    for part in parents:
+      node = node[part]
+    saved = node[last]
+    tuple_of = isinstance(saved, tuple)
+    with node.ignore_type():
+      for value, inside in _probes(config_keys.KEYS[key].within):
+        node[last] = (saved[:-1] + (value,)) if tuple_of else value
+        if inside:
+          config_keys.check_values(config)
+        else:
+          with pytest.raises(ValueError, match=f'^{re.escape(key)} must '):
+            config_keys.check_values(config)
+      for bad in ('x', None):  # (a ConfigDict stores True as 1.0)
+        node[last] = (bad,) * len(saved) if tuple_of else bad
+        with pytest.raises(ValueError, match=f'^{re.escape(key)} must '):
+          config_keys.check_values(config)
+      node[last] = saved
+  config_keys.check_values(config)
+  # A bool is no number (a plain mapping keeps it one).
+  with pytest.raises(ValueError, match=r'^optim\.lr must be a number'):
+    config_keys.check_values({'optim': {'lr': True}})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from prolip_jax.config import keys as config_keys
+from prolip_jax.config import ranges
 
 
 def flatten(config: Any, prefix: str = '') -> dict[str, Any]:
@@ -32,7 +33,8 @@ def describe(config: Any,
              names: Optional[Callable[[str], Sequence[str]]] = None) -> str:
   """One line per key: ``key = value  # meaning``; a key whose values are
   the names of a registry lists them, ``(one of a | b | c)``, when
-  ``names(registry)`` gives them; keys that may not change on resume end
+  ``names(registry)`` gives them, a number its valid interval, ``(in [0,
+  1))``; keys that may not change on resume end
   in ``[fixed on resume]``, keys that delete files in ``[removes ...]``."""
   flat = flatten(config)
   width = max(len(f'{k} = {v!r}') for k, v in flat.items())
@@ -43,6 +45,8 @@ def describe(config: Any,
     declared = config_keys.declaration(key)
     if names is not None and declared is not None and declared.choices:
       note += f' (one of {" | ".join(names(declared.choices))})'
+    if declared is not None and declared.within:
+      note += f' ({ranges.words(declared.within)})'
     if config_keys.fixed_reason(key):
       note += ' [fixed on resume]'
     if declared is not None and declared.removes:

@@ -39,6 +39,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from prolip_jax.config import paper
+from prolip_jax.config import ranges
 from prolip_jax.config import sizes
 
 # Why a key may not change on resume.
@@ -68,8 +69,10 @@ class Key:
   value of such a count, its meaning said in ``meaning``), ``removes``
   (what a value of it
   deletes from the workdir: printed when a run starts with files it will
-  delete) and ``choices`` (the registry whose names are its values, one
-  of ``registries.REGISTRIES``; '' : none)."""
+  delete), ``choices`` (the registry whose names are its values, one
+  of ``registries.REGISTRIES``; '' : none) and ``within`` (a number's
+  valid interval, e.g. ``'[0, 1)'`` in ``config/ranges.py``'s notation,
+  checked by ``check_values`` with the counts; '' : not a number)."""
   default: Any
   meaning: str
   fixed: str = ''
@@ -78,6 +81,7 @@ class Key:
   none_allowed: bool = False
   removes: str = ''
   choices: str = ''
+  within: str = ''
 
 
 KEYS: dict[str, Key] = {
@@ -109,10 +113,12 @@ KEYS: dict[str, Key] = {
     'model.vision.heads': Key(_TINY.vision.heads, 'image tower attention '
                               'heads', MODEL, minimum=1),
     'model.vision.mlp_ratio': Key(_TINY.vision.mlp_ratio, 'image MLP width / '
-                                  'tower width', PARAMETER_TREE),
+                                  'tower width', PARAMETER_TREE,
+                                  within='(0, inf)'),
     'model.vision.act': Key(_TINY.vision.act, 'image MLP activation: gelu | '
                             'gelu_tanh | quick_gelu', MODEL),
-    'model.vision.ln_eps': Key(1e-5, 'image LayerNorm epsilon', MODEL),
+    'model.vision.ln_eps': Key(1e-5, 'image LayerNorm epsilon', MODEL,
+                               within='(0, inf)'),
     'model.text.vocab_size': Key(_TINY.vocab_size, 'text embedding rows (>= '
                                  'tokenizer pieces)', PARAMETER_TREE,
                                  minimum=1),
@@ -125,10 +131,11 @@ KEYS: dict[str, Key] = {
     'model.text.heads': Key(_TINY.text.heads, 'text tower attention heads',
                             MODEL, minimum=1),
     'model.text.mlp_ratio': Key(_TINY.text.mlp_ratio, 'text MLP width / tower '
-                                'width', PARAMETER_TREE),
+                                'width', PARAMETER_TREE, within='(0, inf)'),
     'model.text.act': Key(_TINY.text.act, 'text MLP activation: gelu | '
                           'gelu_tanh | quick_gelu', MODEL),
-    'model.text.ln_eps': Key(1e-6, 'text LayerNorm epsilon', MODEL),
+    'model.text.ln_eps': Key(1e-6, 'text LayerNorm epsilon', MODEL,
+                             within='(0, inf)'),
     'model.text.pad_id': Key(0, "pad id (replaced by the tokenizer's)",
                              TOKENIZER),
     'model.text.proj_bias': Key(True, 'text projection has a bias',
@@ -141,10 +148,11 @@ KEYS: dict[str, Key] = {
     'model.release_compat': Key(False, 'layout and quirks of the public '
                                 'PyTorch release', PARAMETER_TREE),
     'model.init_logit_scale': Key(10.0, 'initial a = exp(log a) of the '
-                                  'logits', MODEL),
-    'model.init_logit_bias': Key(-10.0, 'initial b of the logits', MODEL),
+                                  'logits', MODEL, within='(0, inf)'),
+    'model.init_logit_bias': Key(-10.0, 'initial b of the logits', MODEL,
+                                 within='(-inf, inf)'),
     'model.init_unc_bias': Key(-10.0, 'initial bias of the [UNC] head (log '
-                               'sigma^2)', MODEL),
+                               'sigma^2)', MODEL, within='(-inf, inf)'),
     'model.compute_dtype': Key('float32', 'float32 | bfloat16 activations '
                                '(params stay fp32)'),
     'model.remat': Key(False, 'rematerialise transformer blocks (less '
@@ -164,32 +172,34 @@ KEYS: dict[str, Key] = {
         'slightly different numbers; docs/scaling.md); cuDNN ignores it'),
     # -- losses (the papers' values: config/paper.py)
     'loss.alpha1': Key(paper.ALPHA1, 'inclusion loss weight, image in text '
-                       '(eq. 6)'),
+                       '(eq. 6)', within='[0, inf)'),
     'loss.alpha2': Key(paper.ALPHA2, 'inclusion loss weight, full in masked '
-                       '(eq. 6)'),
-    'loss.beta': Key(paper.BETA, 'VIB weight (eq. 6)'),
-    'loss.c': Key(paper.INCLUSION_C, 'inclusion-loss sharpness c'),
-    'loss.eps': Key(paper.INCLUSION_EPS, 'inclusion-loss stability exponent'),
+                       '(eq. 6)', within='[0, inf)'),
+    'loss.beta': Key(paper.BETA, 'VIB weight (eq. 6)', within='[0, inf)'),
+    'loss.c': Key(paper.INCLUSION_C, 'inclusion-loss sharpness c',
+                  within='(0, inf)'),
+    'loss.eps': Key(paper.INCLUSION_EPS, 'inclusion-loss stability exponent',
+                    within='(-inf, inf)'),
     'loss.vib_release_quirk': Key(False, 'VIB as the release computes it'),
     'loss.guard': Key(True, 'drop exploding VIB/inclusion terms for a step '
                       '(release)'),
     'loss.otter.alpha': Key(paper.OTTER_ALPHA, 'OTTER: weight of the hard '
-                            'InfoNCE labels'),
+                            'InfoNCE labels', within='[0, 1]'),
     'loss.otter.lam': Key(paper.OTTER_LAMBDA, 'OTTER: Sinkhorn temperature '
-                          'lambda'),
+                          'lambda', within='(0, inf)'),
     'loss.otter.n_iter': Key(paper.OTTER_ITERS, 'OTTER: Sinkhorn iterations',
                              minimum=1),
     'loss.otter.gamma_v': Key(paper.OTTER_GAMMA_V, 'OTTER: weight of '
-                              'image-image similarity'),
+                              'image-image similarity', within='[0, inf)'),
     'loss.otter.gamma_t': Key(paper.OTTER_GAMMA_T, 'OTTER: weight of '
-                              'text-text similarity'),
+                              'text-text similarity', within='[0, inf)'),
     'loss.otter.eta': Key(paper.OTTER_ETA, 'OTTER: diagonal penalty of the '
-                          'targets'),
+                          'targets', within='[0, inf]'),
     'loss.pcclip_weight': Key(1.0, 'PC-CLIP: weight of eq. 1', added_by=
-                              'pcclip'),
+                              'pcclip', within='[0, inf)'),
     'loss.pcclip_tau': Key(paper.PCCLIP_TAU, 'PC-CLIP: tau of eq. 4 '
                            '(appendix C.1: 1)',
-                           added_by='pcclip'),
+                           added_by='pcclip', within='(0, inf)'),
     'loss.pcclip_squared': Key(False, "PC-CLIP: eq. 5's squared loss",
                                added_by='pcclip'),
     'loss.pcclip_max_phrases': Key(1, 'PC-CLIP: differing attributes per '
@@ -199,33 +209,36 @@ KEYS: dict[str, Key] = {
                                added_by='uniclip'),
     # -- masked copies (ProLIP)
     'masking.fraction': Key(0.125, 'samples of the batch that get a masked '
-                            'copy', DATA),
+                            'copy', DATA, within='[0, 1]'),
     'masking.image_keep_ratio': Key(0.25, 'patch tokens kept in a masked '
-                                    'image (paper: 75% dropped)', DATA),
+                                    'image (paper: 75% dropped)', DATA,
+                                    within='(0, 1]'),
     'masking.text_mask_prob': Key(0.75, 'probability of masking a caption '
-                                  'token', DATA),
+                                  'token', DATA, within='[0, 1]'),
     # -- optimizer
     'optim.lr': Key(5e-4, 'peak learning rate (after linear warm-up, cosine '
-                    'decay)'),
-    'optim.b1': Key(0.9, 'Adam beta1'),
-    'optim.b2': Key(0.95, 'Adam beta2'),
-    'optim.eps': Key(1e-6, 'Adam epsilon'),
-    'optim.weight_decay': Key(0.2, 'decoupled weight decay on matrices'),
+                    'decay)', within='[0, inf)'),
+    'optim.b1': Key(0.9, 'Adam beta1', within='[0, 1)'),
+    'optim.b2': Key(0.95, 'Adam beta2', within='[0, 1)'),
+    'optim.eps': Key(1e-6, 'Adam epsilon', within='(0, inf)'),
+    'optim.weight_decay': Key(0.2, 'decoupled weight decay on matrices',
+                              within='[0, inf)'),
     'optim.warmup_steps': Key(100, 'linear warm-up steps', minimum=0),
-    'optim.end_lr_ratio': Key(0.0, 'final lr as a fraction of the peak'),
+    'optim.end_lr_ratio': Key(0.0, 'final lr as a fraction of the peak',
+                              within='[0, 1]'),
     'optim.grad_clip': Key(0.0, 'global-norm gradient clip (0: none)',
-                           OPTIMIZER_TREE),
-    'optim.max_logit_scale': Key(100.0, 'clamp of a'),
+                           OPTIMIZER_TREE, within='[0, inf)'),
+    'optim.max_logit_scale': Key(100.0, 'clamp of a', within='(0, inf)'),
     'optim.unc_lr_mult': Key(1.0, 'learning-rate multiplier of the [UNC] '
                              'tokens and uncertainty heads (1: paper)',
-                             OPTIMIZER_TREE),
+                             OPTIMIZER_TREE, within='[0, inf)'),
     # May change on resume: turned on, the average starts from the restored
     # parameters (a notice says so); turned off, it is dropped.
     'optim.ema_decay': Key(0.0, 'decay m of an exponential moving average '
                            'of the parameters, kept in the train state and '
                            'saved with it (0: none); the evaluators score it; '
                            f'OTTER distils from it (paper m = '
-                           f'{paper.OTTER_EMA_DECAY})'),
+                           f'{paper.OTTER_EMA_DECAY})', within='[0, 1)'),
     'optim.freeze': Key((), 'frozen (locked) parameters: regular expressions '
                         "matched in full against '/'-joined parameter paths, "
                         "e.g. ('visual/.*',) locks the image tower (LiT); "
@@ -250,15 +263,17 @@ KEYS: dict[str, Key] = {
                          'paraphrases (every level worded with the same '
                          'phrasings, one drawn per example)', DATA),
     'data.mean': Key(CLIP_MEAN, "per-channel normalisation mean (CLIP's)",
-                     DATA),
+                     DATA, within='(-inf, inf)'),
     'data.std': Key(CLIP_STD, "per-channel normalisation std (CLIP's)",
-                    DATA),
+                    DATA, within='(0, inf)'),
     'data.crop_scale': Key((0.8, 1.0), 'random resized crop area range',
-                           DATA),
+                           DATA, within='(0, 1]'),
     'data.jitter': Key((0.32, 0.32, 0.32, 0.08), 'colour jitter (brightness, '
-                       'contrast, saturation, hue)', DATA),
-    'data.jitter_prob': Key(0.8, 'probability of colour jitter', DATA),
-    'data.grayscale_prob': Key(0.2, 'probability of grayscale', DATA),
+                       'contrast, saturation, hue)', DATA, within='[0, inf)'),
+    'data.jitter_prob': Key(0.8, 'probability of colour jitter', DATA,
+                            within='[0, 1]'),
+    'data.grayscale_prob': Key(0.2, 'probability of grayscale', DATA,
+                               within='[0, 1]'),
     'data.color_on_device': Key(False, 'apply jitter/grayscale in the train '
                                 'step (the host only crops)', DATA),
     'data.num_views': Key(1, 'augmented views per image (UniCLIP: > 1)',
@@ -272,7 +287,7 @@ KEYS: dict[str, Key] = {
     'data.tfds_image_key': Key('image', 'TFDS image feature', DATA),
     'data.tfds_caption_key': Key('caption', 'TFDS caption feature', DATA),
     'data.max_bad_fraction': Key(0.01, 'stop when more records than this are '
-                                 'bad'),
+                                 'bad', within='[0, 1)'),
     'data.bad_record_warmup': Key(1000, 'records seen before the bad '
                                   'fraction counts', minimum=0),
     'data.tokenizer_max_sentences': Key(1_000_000, 'captions used to train a '
@@ -343,7 +358,7 @@ KEYS: dict[str, Key] = {
     'mesh.num_devices': Key(0, 'devices used (0: all)', minimum=0),
     'mesh.fsdp_min_size_mb': Key(4.0, 'FSDP floor: parameters (and their '
                                  'optimizer state) under this many MiB stay '
-                                 'replicated'),
+                                 'replicated', within='[0, inf)'),
     # -- UniCLIP heads (objectives/uniclip.py)
     'uniclip.embed_dim': Key(0, 'UniCLIP: head output dimension (0: '
                              'model.embed_dim)', PARAMETER_TREE,
@@ -351,7 +366,8 @@ KEYS: dict[str, Key] = {
     'uniclip.num_blocks': Key(3, 'UniCLIP: residual blocks of the image head',
                               PARAMETER_TREE, added_by='uniclip', minimum=1),
     'uniclip.mlp_ratio': Key(2.0, 'UniCLIP: image-head MLP ratio',
-                             PARAMETER_TREE, added_by='uniclip'),
+                             PARAMETER_TREE, added_by='uniclip',
+                             within='(0, inf)'),
     'uniclip.aug_features': Key(128, 'UniCLIP: width of the augmentation '
                                 'encoder f_A', PARAMETER_TREE,
                                 added_by='uniclip', minimum=1),
@@ -360,9 +376,9 @@ KEYS: dict[str, Key] = {
     'uniclip.use_aug': Key(True, 'UniCLIP: augmentation-aware image head',
                            PARAMETER_TREE, added_by='uniclip'),
     'uniclip.init_tau': Key(0.07, 'UniCLIP: initial tau_D of eq. 16', MODEL,
-                            added_by='uniclip'),
+                            added_by='uniclip', within='(0, inf)'),
     'uniclip.init_offset': Key(0.0, 'UniCLIP: initial b_D of eq. 16', MODEL,
-                               added_by='uniclip'),
+                               added_by='uniclip', within='(-inf, inf)'),
 }
 
 
@@ -386,12 +402,16 @@ def get(config: Any, key: str) -> Any:
 def check_values(config: Any) -> None:
   """Raises ``ValueError`` naming the first count, size or interval of
   ``config`` (a key declared with a ``minimum``) that is not an integer at
-  least that large, e.g. ``checkpoint_every_steps=0``: caught with the rest
-  of the config before any work, not as a ZeroDivisionError at step 1."""
+  least that large, e.g. ``checkpoint_every_steps=0``, or the first number
+  outside its declared interval (``within``; NaN never inside), e.g.
+  ``optim.ema_decay=1.0``: caught with the rest of the config before any
+  work, not as a ZeroDivisionError at step 1 or a model that never moves."""
   for key, declared in KEYS.items():
+    value = get(config, key)
+    if declared.within:
+      ranges.check(key, value, declared.within, declared.meaning)
     if declared.minimum is None:
       continue
-    value = get(config, key)
     if value is None and declared.none_allowed:
       continue
     whole = isinstance(value, int) and not isinstance(value, bool)

@@ -50,6 +50,7 @@ import numpy as np
 from prolip_jax import errors
 from prolip_jax import plotting
 from prolip_jax.evaluation import kinds as kinds_package
+from prolip_jax.evaluation import prompts
 from prolip_jax.evaluation import sets
 from prolip_jax.evaluation.encoders import Encoders
 from prolip_jax.evaluation.encoders import Progress
@@ -260,6 +261,11 @@ def complete(name: str, raw: Any) -> ml_collections.ConfigDict:
           raise errors.ConfigError(
               f'evals.{name}.{key}: a setting of the bundled sets '
               f'({", ".join(sets.bundled())}), not of {raw["data"]!r}')
+  if isinstance(raw.get('templates'), (list, tuple)):  # not an asset name
+    try:
+      prompts.check_templates(raw['templates'])
+    except errors.ConfigError as e:
+      raise errors.ConfigError(f'evals.{name}.templates: {e}') from None
   if int(raw.get('batch_size', 1)) < 1:
     raise errors.ConfigError(f'evals.{name}.batch_size must be >= 1 '
                              f'(got {raw["batch_size"]!r})')

@@ -23,6 +23,7 @@ from prolip_jax.storage import checkpoint
 from prolip_jax.storage import stored_state
 from prolip_jax.storage.stored_state import StoredState
 from prolip_jax.storage.workdir import Workdir
+from prolip_jax.training import optimizer
 
 # ``(step, meta)`` of a manager's newest checkpoint whose meta reads.
 stored_config = stored_state.newest_meta
@@ -31,7 +32,8 @@ stored_config = stored_state.newest_meta
 def check_drift(config, stored: StoredState, is_chief: bool):
   """Stops on settings that would change the model or the data of the run
   stored in the workdir (``stored.newest``); prints the other changes
-  (they apply)."""
+  (they apply), and a note when the moving average a checkpoint holds is
+  dropped (``optim.ema_decay`` turned off)."""
   if stored.newest is None:
     return
   step, meta = stored.newest
@@ -44,6 +46,16 @@ def check_drift(config, stored: StoredState, is_chief: bool):
   if applied and is_chief:
     print(f'Resuming step {step} with changed settings (applied): '
           + '; '.join(applied), flush=True)
+  decay = (old.get('optim') or {}).get('ema_decay')
+  if meta.get('has_teacher') and is_chief and not optimizer.keeps_ema(config):
+    # Turned on, restore_or_init says it starts the average afresh; turned
+    # off, the average is lost with the next checkpoints: say so too.
+    keep = f'optim.ema_decay={decay}' if decay else 'optim.ema_decay > 0'
+    print(f'note: the moving average of the parameters that checkpoint step '
+          f'{step} holds (optim.ema_decay) is dropped: from now on the '
+          'evaluators score, and exports hold, the parameters themselves, '
+          f'and new checkpoints keep no average; resume with {keep} to keep '
+          'it', flush=True)
 
 
 def check_nothing_set_aside(workdir: Workdir, stored: StoredState,

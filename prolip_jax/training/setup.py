@@ -150,7 +150,7 @@ def validate_config(config, objective: Optional[Objective] = None):
   """Raises ``ValueError`` for a config that cannot train (the generic
   checks, then the objective's own)."""
   objective = resolve_objective(config, objective)
-  config_keys.check_values(config)  # counts, sizes, intervals: >= minimum
+  config_keys.check_values(config)  # counts >= minimum, numbers in range
   evaluator.entries(config.get('evals'))  # kinds, keys, batch, interval
   wanted, present = int(config.mesh.get('num_devices', 0) or 0), (
       jax.device_count())
@@ -158,8 +158,6 @@ def validate_config(config, objective: Optional[Objective] = None):
     raise ValueError(f'mesh.num_devices={wanted} but {present} '
                      f'{jax.default_backend()} device(s) are present '
                      '(0: use them all)')
-  if not 0 < config.masking.image_keep_ratio <= 1:
-    raise ValueError('masking.image_keep_ratio must be in (0, 1]')
   _check_freeze(config, objective)  # optim.freeze: patterns that match
   loop_report.check_config(config)  # profile_steps, wandb.*
   objective.validate(config)
