@@ -299,3 +299,23 @@ def test_a_second_ctrl_c_after_the_first_always_leaves_at_once(
   finally:
     signal.signal(signal.SIGINT, before)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_stopped_run_leaves_the_next_run_of_its_process_unstopped(
+    monkeypatch):
+  """After a run stopped by SIGTERM gives the signals back, the next
+  ``train_and_evaluate`` of the same process (a notebook, a test) starts
+  without a stop pending."""
+  monkeypatch.setattr(signals, '_early', dict(signals._FRESH))  # pylint: disable=protected-access
+  monkeypatch.setattr(os, 'kill', lambda pid, signum: None)
+  before = signal.getsignal(signal.SIGTERM)
+  try:
+    flag = progress.StopFlag()
+    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+    assert flag.stop
+    flag.close()
+    following = progress.StopFlag()
+    assert not following.stop and not following.interrupted
+    following.close()
+  finally:
+    signal.signal(signal.SIGTERM, before)

@@ -16,15 +16,20 @@ from __future__ import annotations
 import os
 import signal
 
-_early = {'stop': False, 'interrupted': False,
-          'second': 'while starting: left at once, nothing new to save'}
+# 'ending': set once the run's StopFlag stopped and gave the signals back
+# (``stopped``); kept apart from 'stop', which the next run of this process
+# reads (``early``).
+_FRESH = {'stop': False, 'interrupted': False, 'ending': None}
+_early = dict(_FRESH)
 
 
 def _remember(signum, frame):
   del frame
-  if _early['stop']:  # a second SIGTERM or Ctrl-C: leave at once
+  if _early['stop'] or _early['ending']:  # a second one: leave at once
     what = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
-    os.write(2, f'interrupted ({what} twice) {_early["second"]}\n'.encode())
+    how = (_early['ending']
+           or 'while starting: left at once, nothing new to save')
+    os.write(2, f'interrupted ({what} twice) {how}\n'.encode())
     os._exit(130 if signum == signal.SIGINT else 75)  # errors.EXIT_*
   _early['stop'] = True
   if signum == signal.SIGINT:
@@ -36,6 +41,7 @@ def _remember(signum, frame):
 def record_early():
   """Remembers SIGTERM and the first Ctrl-C from now until a ``StopFlag``
   takes them over (main thread only)."""
+  _early.update(_FRESH)
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, _remember)
 
@@ -44,9 +50,9 @@ def stopped(second: str):
   """The run's ``StopFlag`` stopped and gives the signals back: from now
   on a Ctrl-C or SIGTERM leaves at once, with the line ``interrupted
   (Ctrl-C twice) <second>`` (the run is ending; it never restarts the
-  start-up's wait)."""
-  _early['stop'] = True
-  _early['second'] = second
+  start-up's wait). The next run of this process still starts unstopped
+  (``early``)."""
+  _early['ending'] = second
 
 
 def early() -> tuple[bool, bool]:
