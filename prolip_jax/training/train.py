@@ -59,6 +59,29 @@ __all__ = ['TrainState', 'augment_config', 'jit_train_step',
 STORE_FAILED_RELEASE_S = 5.0
 
 
+# Process 0's failure to take the workdir, as every host raises it: its
+# kind (the exit status follows it) and its line, cut to this many bytes.
+_FAILURE_KINDS = (None, errors.WorkdirLockedError, errors.StoreError)
+_FAILURE_BYTES = 2048
+
+
+def _shared_failure(failure: Optional[Exception]) -> Optional[Exception]:
+  """Process 0's ``failure`` (None: it holds the workdir), raised alike on
+  every host: a store's fault exits ``EXIT_STORE`` everywhere, with the
+  line process 0 printed. A collective: every process calls it."""
+  kind = 0 if failure is None else (
+      2 if isinstance(failure, errors.StoreError) else 1)
+  text = np.zeros(_FAILURE_BYTES + 1, np.uint8)
+  text[0] = kind
+  line = str(failure or '').encode()[:_FAILURE_BYTES]
+  text[1:1 + len(line)] = np.frombuffer(line, np.uint8)
+  shared = np.asarray(multihost_utils.broadcast_one_to_all(text))
+  if jax.process_index() == 0 or not shared[0]:
+    return failure
+  message = shared[1:].tobytes().rstrip(b'\0').decode(errors='replace')
+  return _FAILURE_KINDS[int(shared[0])](f'{message} (on process 0)')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
                        max_steps: Optional[int] = None,
                        allow_fresh_start: bool = False) -> dict[str, Any]:
@@ -114,11 +137,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
         lock.release()
         raise
     if jax.process_count() > 1:  # every process stops if process 0 could not
-      held = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
-      if not held and failure is None:
-        failure = errors.WorkdirLockedError(
-            f'workdir {workdir} is in use or not a run of ours (see '
-            'process 0)')
+      failure = _shared_failure(failure)
     if failure is not None:
       raise failure
     try:
