@@ -258,15 +258,17 @@ def test_a_gcs_lock_that_vanishes_while_read_prints_no_traceback(
 
 def test_runs_taking_one_stale_gcs_lock_over_at_once_leave_one_winner(
     gcs, capfd):
-  """Six runs find one stale lock at once: exactly one holds it after,
-  the others are refused naming it, and no client traceback reaches
-  stderr (issue 45, finding 16)."""
+  """Two runs find one stale lock at once (the issue's scenario): exactly
+  one holds it after, the other is refused naming it, and no client
+  traceback reaches stderr (issue 45, finding 16). Two, not more: six
+  threads of one process hammering gcsfs once crashed CPython 3.12.1 in
+  a garbage collection inside aiohttp's connect (CI's leg 2)."""
   for _ in range(3):
     wd = Workdir(gcs.url())
     old = time.time() - workdir_lock.STALE_SECONDS - 5
     wd.lock.write_text(json.dumps({'host': 'gone-vm', 'pid': 1,
                                    'heartbeat': old}))
-    locks = [WorkdirLock(wd) for _ in range(6)]
+    locks = [WorkdirLock(wd) for _ in range(2)]
     start, outcomes = threading.Barrier(len(locks)), []
 
     def take(lock):
