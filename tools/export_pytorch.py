@@ -62,6 +62,7 @@ from prolip_jax.interop import manifest
 from prolip_jax.storage import atomic
 from prolip_jax.storage import checkpoint
 from prolip_jax.storage import file_names
+from prolip_jax.storage import owned
 from prolip_jax.storage import paths
 from prolip_jax.storage import store_faults
 from prolip_jax.storage.file_names import CONFIG_FILE
@@ -212,12 +213,7 @@ def _check_out(out: paths.Path) -> list[str]:
     raise errors.UserError(f'--out {out} is a file, not a folder')
   foreign, why = manifest.foreign(out)
   if foreign:
-    more = f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''
-    raise errors.UserError(
-        f'--out {out} is not an export of ours: it holds '
-        f'{", ".join(foreign[:5])}{more} ({why}); an export never replaces '
-        'or deletes what it did not write: choose a new or empty folder, or '
-        'move those away')
+    raise owned.refusal('--out', out, foreign, 'an export of ours', why)
   return manifest.entries(out)
 
 
