@@ -88,7 +88,7 @@ def message(by_process: list[dict[str, str]]) -> str:
           'line, config file and prolip_jax version')
 
 
-def _gather_bytes(data: bytes) -> list[bytes]:
+def gather_bytes(data: bytes) -> list[bytes]:
   """Every process's ``data`` (collective: every process calls it)."""
   sizes = multihost_utils.process_allgather(np.int32(len(data)))
   buffer = np.zeros(int(np.max(sizes)), np.uint8)
@@ -110,5 +110,5 @@ def check(config):
   digests = np.asarray(multihost_utils.process_allgather(digest))
   if (digests == digests[0]).all():
     return
-  by_process = [json.loads(b) for b in _gather_bytes(text)]
+  by_process = [json.loads(b) for b in gather_bytes(text)]
   raise errors.ConfigError(message(by_process))

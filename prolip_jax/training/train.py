@@ -23,12 +23,11 @@ The names other modules, tools, benchmarks and tests use are all here:
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import jax
-from jax.experimental import multihost_utils
 import ml_collections
-import numpy as np
 
 from prolip_jax import errors
 from prolip_jax import objectives
@@ -60,9 +59,8 @@ STORE_FAILED_RELEASE_S = 5.0
 
 
 # Process 0's failure to take the workdir, as every host raises it: its
-# kind (the exit status follows it) and its line, cut to this many bytes.
+# kind (the exit status follows it).
 _FAILURE_KINDS = (None, errors.WorkdirLockedError, errors.StoreError)
-_FAILURE_BYTES = 2048
 
 
 def _shared_failure(failure: Optional[Exception]) -> Optional[Exception]:
@@ -71,15 +69,12 @@ def _shared_failure(failure: Optional[Exception]) -> Optional[Exception]:
   line process 0 printed. A collective: every process calls it."""
   kind = 0 if failure is None else (
       2 if isinstance(failure, errors.StoreError) else 1)
-  text = np.zeros(_FAILURE_BYTES + 1, np.uint8)
-  text[0] = kind
-  line = str(failure or '').encode()[:_FAILURE_BYTES]
-  text[1:1 + len(line)] = np.frombuffer(line, np.uint8)
-  shared = np.asarray(multihost_utils.broadcast_one_to_all(text))
-  if jax.process_index() == 0 or not shared[0]:
+  chief = host_agreement.gather_bytes(
+      json.dumps([kind, str(failure or '')]).encode())[0]
+  kind, message = json.loads(chief)
+  if jax.process_index() == 0 or not kind:
     return failure
-  message = shared[1:].tobytes().rstrip(b'\0').decode(errors='replace')
-  return _FAILURE_KINDS[int(shared[0])](f'{message} (on process 0)')
+  return _FAILURE_KINDS[kind](f'{message} (on process 0)')
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir,
