@@ -224,6 +224,7 @@ def test_damaged_jpegs_are_judged_and_decoded_as_pillow_does(photos, options):
 
 
 @pytest.mark.serial
+@pytest.mark.timing
 @pytest.mark.slow
 def test_an_input_bound_cpu_run_says_so():
   """The micro model on 224 px realistic JPEGs with one worker process is
