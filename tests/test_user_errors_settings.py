@@ -9,6 +9,7 @@ error is XLA's message raised through the commands' one error path.
 
 import json
 import math
+import sys
 
 import jax
 import numpy as np
@@ -245,3 +246,31 @@ def test_an_evaluators_templates_are_checked_with_the_config():
       evaluator.entries({'zs': entry})
     evaluator.entries({'zs': dict(entry, templates=['a {} digit'])})
     evaluator.entries({'zs': dict(entry, templates='imagenet')})
+
+
+# ----------------------------------------------------------------------------
+# Issue 47, 2: data.decode='dali' where DALI is not installed
+
+
+@pytest.mark.parametrize('decode,expected', [
+    ('dali', "data.decode='dali' needs NVIDIA DALI, which is not installed"),
+    ('gpu', "data.decode='gpu': use one of host, dali"),
+])
+def test_dali_decode_without_dali_is_one_line_before_any_work(
+    tmp_path, monkeypatch, decode, expected):
+  """``--config.data.decode=dali`` in an environment without DALI (here
+  simulated: ``nvidia.dali`` made unimportable, whether or not it is
+  installed) stops in one line that says how to install it, exit 2, before
+  the workdir exists; an unknown decode names the two there are."""
+  monkeypatch.setitem(sys.modules, 'nvidia.dali', None)
+  wd = tmp_path / 'wd'
+  code, _, err = support.run_main(
+      f'--config={support.MICRO}', f'--workdir={wd}',
+      f'--config.data.decode={decode}', '--config.mesh.num_devices=1')
+  assert code == errors.EXIT_USER_ERROR, err
+  line = _one_line(err)
+  assert expected in line, line
+  if decode == 'dali':
+    assert line.endswith("pip install -e '.[dali]' (or data.decode=host)"), (
+        line)
+  assert not wd.exists()

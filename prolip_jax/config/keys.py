@@ -276,6 +276,11 @@ KEYS: dict[str, Key] = {
                                within='[0, 1]'),
     'data.color_on_device': Key(False, 'apply jitter/grayscale in the train '
                                 'step (the host only crops)', DATA),
+    'data.decode': Key('host', "training decode, crop and resize: host "
+                       "(Grain's CPU threads) | dali (NVIDIA DALI: nvJPEG on "
+                       'a GPU, its CPU backend without one; needs encoded '
+                       "records; implies color_on_device; pip install -e "
+                       "'.[dali]')", DATA),
     'data.num_views': Key(1, 'augmented views per image (UniCLIP: > 1)',
                           DATA, minimum=1),
     'data.num_workers': Key(0, 'Grain worker processes (0: in-process)', minimum=0),

@@ -62,11 +62,18 @@ def check_image_bytes(data: bytes) -> Optional[str]:
   return None
 
 
-def check_record(record: Any, decode: bool = True, min_pixels: int = 0
+# ``check_record``'s ``decode`` for the DALI path: the header only.
+HEADER = 'header'
+
+
+def check_record(record: Any, decode: bool | str = True, min_pixels: int = 0
                  ) -> dict:
   """A usable copy of ``record`` (image decoded when ``decode``, JPEGs at a
   reduced scale keeping ``min_pixels``: ``image_decode.decode_rgb``) or raises
-  ``BadRecord``. Captions: ``caption`` must be non-blank text; a ``captions``
+  ``BadRecord``. ``decode=HEADER`` (``data.decode='dali'``): the image stays
+  encoded bytes and ``image_size`` is ``image_decode.header_size``'s
+  ``(width, height, scale)`` from its header (an image array is bad: DALI
+  decodes encoded images only). Captions: ``caption`` must be non-blank text; a ``captions``
   list keeps its non-blank entries and must keep at least one."""
   if not isinstance(record, dict):
     raise BadRecord(UNREADABLE, f'record of type {type(record).__name__}')
@@ -90,12 +97,25 @@ def check_record(record: Any, decode: bool = True, min_pixels: int = 0
   image = record.get('image')
   if image is None or (isinstance(image, (bytes, bytearray)) and not image):
     raise BadRecord(MISSING_IMAGE)
-  if decode:
+  if decode == HEADER:
+    out['image_size'] = _header_size(image, min_pixels)
+  elif decode:
     try:
       out['image'] = image_decode.decode_rgb(image, min_pixels)
     except Exception as e:  # pylint: disable=broad-except
       raise BadRecord(CORRUPT_IMAGE, f'{type(e).__name__}: {e}') from None
   return out
+
+
+def _header_size(image: Any, min_pixels: int) -> tuple[int, int, int]:
+  """``check_record``'s ``image_size`` of ``decode=HEADER``."""
+  if not isinstance(image, (bytes, bytearray, memoryview)):
+    raise BadRecord(CORRUPT_IMAGE, "an image array, not encoded bytes: "
+                    "data.decode='dali' decodes encoded images only")
+  try:
+    return image_decode.header_size(image, min_pixels)
+  except Exception as e:  # pylint: disable=broad-except
+    raise BadRecord(CORRUPT_IMAGE, f'{type(e).__name__}: {e}') from None
 
 
 _MAX_KNOWN_BAD = 1 << 16  # bad indices remembered per process
@@ -143,7 +163,7 @@ class CheckedSource:
   """
 
   def __init__(self, source: Sequence[Any], max_bad_fraction: float = 0.01,
-               warmup: int = 1000, decode: bool = True,
+               warmup: int = 1000, decode: bool | str = True,
                report_every: int = 256, min_pixels: int = 0):
     if not 0 <= max_bad_fraction < 1:
       raise ValueError(f'max_bad_fraction {max_bad_fraction} not in [0, 1)')

@@ -117,6 +117,23 @@ def jpeg_draft_scale(width: int, height: int, min_pixels: int) -> int:
   return next(s for s in (8, 4, 2, 1) if most >= s)
 
 
+def header_size(data, min_pixels: int = 0) -> tuple[int, int, int]:
+  """``(width, height, scale)`` of encoded image bytes, read from the header
+  alone (no pixel decoded): the full size and the DCT scale denominator
+  ``decode_rgb(data, min_pixels)`` decodes a JPEG at (``jpeg_draft_scale``;
+  1 for any other format), so that ``decode_rgb`` gives ``ceil(width /
+  scale)`` x ``ceil(height / scale)`` pixels. The DALI path
+  (``data/dali_decode.py``) draws the crop on that size, as the host path
+  draws it on the image it decoded. Raises what Pillow raises for bytes it
+  cannot identify."""
+  with Image.open(io.BytesIO(data)) as img:
+    (width, height), jpeg = img.size, img.format == 'JPEG'
+  if width < 1 or height < 1:
+    raise ValueError(f'empty image {(height, width)}')
+  return width, height, (jpeg_draft_scale(width, height, min_pixels)
+                         if jpeg else 1)
+
+
 def _decode_pil(data, min_pixels: int) -> np.ndarray:
   """``decode_rgb`` of encoded bytes by Pillow (any format)."""
   with Image.open(io.BytesIO(data)) as img:

@@ -102,20 +102,29 @@ def train_dataset(source: Sequence[dict] | mixture.Mixture, *,
   ``num_views > 1``: ``image`` is ``(b, V, s, s, 3)`` and ``aug``
   ``(b, V, AUG_DIM)`` (see ``TrainTransform``).
   """
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} outside [0, '
-                     f'{process_count})')
+  ds = record_stream(source, seed, global_batch_size, process_index,
+                     process_count)
   local = local_batch_size(global_batch_size, process_count)
-  if isinstance(source, mixture.Mixture):
-    ds = mixture.mixed_records(source, seed, global_batch_size)
-  else:
-    if len(source) < global_batch_size:
-      raise ValueError(f'the dataset has {len(source)} records, fewer than '
-                       f'one batch of {global_batch_size}')
-    ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
   ds = ds.random_map(TrainTransform(tokenizer, image_size, augment,
                                     num_views))
   return ds.batch(local, drop_remainder=True)[process_index::process_count]
+
+
+def record_stream(source: Sequence[dict] | mixture.Mixture, seed: int,
+                  global_batch_size: int, process_index: int = 0,
+                  process_count: int = 1) -> grain.MapDataset:
+  """The infinite shuffled (or mixed) record stream of ``train_dataset``,
+  seeded by ``seed``, before any transform: the one stream of the host
+  path and of the DALI path (``data/dali_decode.py``)."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} outside [0, '
+                     f'{process_count})')
+  if isinstance(source, mixture.Mixture):
+    return mixture.mixed_records(source, seed, global_batch_size)
+  if len(source) < global_batch_size:
+    raise ValueError(f'the dataset has {len(source)} records, fewer than '
+                     f'one batch of {global_batch_size}')
+  return grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
 
 
 def iterate_from(ds: grain.MapDataset, start_step: int, num_workers: int = 0,

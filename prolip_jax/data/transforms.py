@@ -183,6 +183,46 @@ def train_view(image: np.ndarray, size: int, rng: np.random.Generator,
   return view, aug
 
 
+@dataclasses.dataclass(frozen=True)
+class ViewDraw:
+  """What a training view draws from its RNG, before any pixel: the crop
+  box ``(left, top, w, h)``, the ``(AUG_DIM,)`` vector, the ``(4,)`` jitter
+  order and whether the view is jittered / turned grey."""
+  box: tuple[int, int, int, int]
+  aug: np.ndarray
+  order: np.ndarray
+  jitter: bool
+  gray: bool
+  factors: tuple[float, ...] = ()  # the jitter's, as drawn (float64)
+
+
+def draw_view(rng: np.random.Generator, width: int, height: int,
+              cfg: AugmentConfig = AugmentConfig()) -> ViewDraw:
+  """The random numbers of one view of a ``width`` x ``height`` image, in
+  the order ``train_view_and_order`` has always drawn them (crop box, then
+  the jitter's coin, factors and order, then the grayscale coin): the one
+  source of the augmentation distribution of the host path and of the DALI
+  path (``data/dali_decode.py``), which never sees the pixels."""
+  order = np.arange(4, dtype=np.int8)
+  aug = identity_aug_vector()
+  left, top, w, h = random_resized_crop_box(rng, width, height,
+                                            cfg.crop_scale, cfg.crop_ratio)
+  aug[0:4] = (left / max(1, width), top / max(1, height), w / max(1, width),
+              h / max(1, height))
+  jitter, factors = bool(rng.uniform() < cfg.jitter_prob), ()
+  if jitter:
+    b, c, s, hue = cfg.jitter
+    factors = (rng.uniform(max(0, 1 - b), 1 + b),
+               rng.uniform(max(0, 1 - c), 1 + c),
+               rng.uniform(max(0, 1 - s), 1 + s), rng.uniform(-hue, hue))
+    aug[4:8] = factors
+    order = rng.permutation(4).astype(np.int8)  # torchvision: random order
+  gray = bool(rng.uniform() < cfg.grayscale_prob)
+  if gray:
+    aug[10] = 1.0
+  return ViewDraw((left, top, w, h), aug, order, jitter, gray, factors)
+
+
 def train_view_and_order(image: np.ndarray, size: int,
                          rng: np.random.Generator,
                          cfg: AugmentConfig = AugmentConfig()
@@ -195,37 +235,20 @@ def train_view_and_order(image: np.ndarray, size: int,
   image = np.asarray(_to_pil(image).convert('RGB'), np.uint8) if (
       isinstance(image, Image.Image) or image.ndim != 3 or
       image.shape[2] != 3) else image
-  order = np.arange(4, dtype=np.int8)
-  aug = identity_aug_vector()
-  left, top, w, h = random_resized_crop_box(rng, image.shape[1],
-                                            image.shape[0], cfg.crop_scale,
-                                            cfg.crop_ratio)
-  view = resized_crop(image, (left, top, w, h), size)
-  aug[0:4] = (left / max(1, image.shape[1]),
-              top / max(1, image.shape[0]), w / max(1, image.shape[1]),
-              h / max(1, image.shape[0]))
-  if rng.uniform() < cfg.jitter_prob:
-    b, c, s, hue = cfg.jitter
-    factors = (rng.uniform(max(0, 1 - b), 1 + b),
-               rng.uniform(max(0, 1 - c), 1 + c),
-               rng.uniform(max(0, 1 - s), 1 + s), rng.uniform(-hue, hue))
-    ops = [lambda im, f=factors[0]: ImageEnhance.Brightness(im).enhance(f),
-           lambda im, f=factors[1]: ImageEnhance.Contrast(im).enhance(f),
-           lambda im, f=factors[2]: ImageEnhance.Color(im).enhance(f),
-           lambda im, f=factors[3]: _shift_hue(im, f)]
-    order = rng.permutation(4).astype(np.int8)  # torchvision: random order
-    if not cfg.color_on_device:
-      img = Image.fromarray(view)
-      for k in order:
-        img = ops[k](img)
-      view = np.asarray(img, np.uint8)
-    aug[4:8] = factors
-  if rng.uniform() < cfg.grayscale_prob:
-    if not cfg.color_on_device:
-      view = np.asarray(Image.fromarray(view).convert('L').convert('RGB'),
-                        np.uint8)
-    aug[10] = 1.0
-  return view, aug, order
+  d = draw_view(rng, image.shape[1], image.shape[0], cfg)
+  view = resized_crop(image, d.box, size)
+  if d.jitter and not cfg.color_on_device:
+    ops = [lambda im, f: ImageEnhance.Brightness(im).enhance(f),
+           lambda im, f: ImageEnhance.Contrast(im).enhance(f),
+           lambda im, f: ImageEnhance.Color(im).enhance(f), _shift_hue]
+    img = Image.fromarray(view)
+    for k in d.order:
+      img = ops[k](img, d.factors[k])
+    view = np.asarray(img, np.uint8)
+  if d.gray and not cfg.color_on_device:
+    view = np.asarray(Image.fromarray(view).convert('L').convert('RGB'),
+                      np.uint8)
+  return view, d.aug, d.order
 
 
 def eval_view(image, size: int) -> np.ndarray:

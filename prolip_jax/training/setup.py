@@ -25,6 +25,7 @@ from prolip_jax import errors
 from prolip_jax import models
 from prolip_jax import sharding as shd
 from prolip_jax.config import keys as config_keys
+from prolip_jax.data import dali_decode
 from prolip_jax.data import mixture
 from prolip_jax.data import pipeline
 from prolip_jax.data import sources
@@ -126,7 +127,9 @@ def augment_config(data) -> transforms.AugmentConfig:
       crop_scale=tuple(data.crop_scale), jitter=tuple(data.jitter),
       jitter_prob=data.jitter_prob, grayscale_prob=data.grayscale_prob,
       color_on_device=bool(data.get(
-          'color_on_device', config_keys.default('data.color_on_device'))))
+          'color_on_device', config_keys.default('data.color_on_device')))
+      # DALI's path leaves the jitter to the device (data/dali_decode.py).
+      or data.get('decode') == dali_decode.DALI)
 
 
 def _check_freeze(config, objective: Objective):
@@ -159,6 +162,10 @@ def validate_config(config, objective: Optional[Objective] = None):
                      f'{jax.default_backend()} device(s) are present '
                      '(0: use them all)')
   _check_freeze(config, objective)  # optim.freeze: patterns that match
+  # data.decode: a known decode; 'dali' installed, on the plain batches.
+  own = type(objective).wrap_dataset is not Objective.wrap_dataset
+  dali_decode.check_config(config_keys.get(config, 'data.decode'),
+                           objective.name if own else '')
   loop_report.check_config(config)  # profile_steps, wandb.*
   objective.validate(config)
 
@@ -191,15 +198,22 @@ class Run:
 
 def train_dataset(config, objective, source, tokenizer: Tokenizer,
                   image_size: int):
-  """The run's dataset of local batches (``pipeline.train_dataset``, then
-  the objective's ``wrap_dataset``)."""
-  dataset = pipeline.train_dataset(
-      source, tokenizer=tokenizer, image_size=image_size,
+  """The run's dataset of local batches (``pipeline.train_dataset``, or
+  ``dali_decode.train_dataset`` with ``data.decode='dali'``, then the
+  objective's ``wrap_dataset``)."""
+  common = dict(
+      tokenizer=tokenizer, image_size=image_size,
       global_batch_size=config.batch_size, seed=config.seed,
       augment=augment_config(config.data),
       num_views=config_keys.get(config, 'data.num_views'),
       process_index=jax.process_index(),
       process_count=jax.process_count())
+  if config_keys.get(config, 'data.decode') == dali_decode.DALI:
+    dali_decode.check_source(source, config.data.name)
+    dataset = dali_decode.train_dataset(
+        source, num_threads=config.data.num_threads, **common)
+  else:
+    dataset = pipeline.train_dataset(source, **common)
   return objective.wrap_dataset(
       config, dataset, source, tokenizer, image_size,
       jax.process_index(), jax.process_count())

@@ -125,7 +125,10 @@ def checked(source: Sequence[dict], config: Any, data: Any
       defaults.crop_ratio) if image_size else 0
   return bad_records.CheckedSource(
       source, max_bad_fraction=float(value(data, 'max_bad_fraction')),
-      warmup=int(value(data, 'bad_record_warmup')), min_pixels=min_pixels)
+      warmup=int(value(data, 'bad_record_warmup')), min_pixels=min_pixels,
+      # data.decode='dali': the header here, the pixels in DALI.
+      decode=(bad_records.HEADER if config_keys.get(config, 'data.decode')
+              == 'dali' else True))
 
 
 class RecordSource(Source):
