@@ -100,3 +100,16 @@ def s3():
 # (Not 'fixtures': pytest's own fixtures plugin is registered by that name,
 # and a second plugin of one name is silently skipped.)
 pytest_plugins = ('shared_fixtures',)
+
+
+def pytest_collection_modifyitems(config, items):
+  """A ``timing`` test is also ``slow``: CI runs the timing step of the
+  slow tier only (.ci/run's ``parallel_tier``), so a fast one would never
+  run there."""
+  del config
+  fast_timing = [item.nodeid for item in items
+                 if item.get_closest_marker('timing') is not None
+                 and item.get_closest_marker('slow') is None]
+  if fast_timing:
+    raise pytest.UsageError(
+        f'tests marked timing must be marked slow too: {fast_timing}')
