@@ -256,9 +256,9 @@ def train_dataset(source: Sequence[dict] | mixture.Mixture, *,
   tokens, ``aug`` and ``color_order``; ``image`` within the stated bound
   of the host path's cropped view). ``source``'s records must carry
   ``image_size`` (``bad_records.HEADER``). ``device``: ``(backend,
-  device_id)``; None picks ``default_device()`` at the first batch."""
-  augment = transforms.AugmentConfig(**{
-      **augment.__dict__, 'color_on_device': True})
+  device_id)``; None picks ``default_device()`` at the first batch. The
+  colour jitter and grayscale are always the train step's here, whatever
+  ``augment.color_on_device`` says: only their draws are made."""
   ds = pipeline.record_stream(source, seed, global_batch_size,
                               process_index, process_count)
   local = pipeline.local_batch_size(global_batch_size, process_count)

@@ -187,13 +187,18 @@ def train_view(image: np.ndarray, size: int, rng: np.random.Generator,
 class ViewDraw:
   """What a training view draws from its RNG, before any pixel: the crop
   box ``(left, top, w, h)``, the ``(AUG_DIM,)`` vector, the ``(4,)`` jitter
-  order and whether the view is jittered / turned grey."""
+  order, whether the view is turned grey and the jitter's factors as drawn
+  (float64; none when the view is not jittered)."""
   box: tuple[int, int, int, int]
   aug: np.ndarray
   order: np.ndarray
-  jitter: bool
   gray: bool
-  factors: tuple[float, ...] = ()  # the jitter's, as drawn (float64)
+  factors: tuple[float, ...] = ()
+
+  @property
+  def jitter(self) -> bool:
+    """Whether the view is jittered (its factors were drawn)."""
+    return bool(self.factors)
 
 
 def draw_view(rng: np.random.Generator, width: int, height: int,
@@ -209,8 +214,8 @@ def draw_view(rng: np.random.Generator, width: int, height: int,
                                             cfg.crop_scale, cfg.crop_ratio)
   aug[0:4] = (left / max(1, width), top / max(1, height), w / max(1, width),
               h / max(1, height))
-  jitter, factors = bool(rng.uniform() < cfg.jitter_prob), ()
-  if jitter:
+  factors = ()
+  if rng.uniform() < cfg.jitter_prob:
     b, c, s, hue = cfg.jitter
     factors = (rng.uniform(max(0, 1 - b), 1 + b),
                rng.uniform(max(0, 1 - c), 1 + c),
@@ -220,7 +225,7 @@ def draw_view(rng: np.random.Generator, width: int, height: int,
   gray = bool(rng.uniform() < cfg.grayscale_prob)
   if gray:
     aug[10] = 1.0
-  return ViewDraw((left, top, w, h), aug, order, jitter, gray, factors)
+  return ViewDraw((left, top, w, h), aug, order, gray, factors)
 
 
 def train_view_and_order(image: np.ndarray, size: int,

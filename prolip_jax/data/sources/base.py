@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from prolip_jax import errors
 from prolip_jax.config import keys as config_keys
 from prolip_jax.data import bad_records
+from prolip_jax.data import dali_decode
 from prolip_jax.data import eval_data
 from prolip_jax.data import image_decode
 from prolip_jax.data import paraphrases
@@ -128,7 +129,7 @@ def checked(source: Sequence[dict], config: Any, data: Any
       warmup=int(value(data, 'bad_record_warmup')), min_pixels=min_pixels,
       # data.decode='dali': the header here, the pixels in DALI.
       decode=(bad_records.HEADER if config_keys.get(config, 'data.decode')
-              == 'dali' else True))
+              == dali_decode.DALI else True))
 
 
 class RecordSource(Source):
