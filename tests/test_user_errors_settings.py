@@ -33,6 +33,16 @@ def _one_line(text):
   return lines[0]
 
 
+def _micro_refused(wd, *overrides):
+  """``python -m prolip_jax.main`` of the micro config on one device in
+  ``wd`` with ``overrides``: it must exit 2; its one error line."""
+  code, _, err = support.run_main(
+      f'--config={support.MICRO}', f'--workdir={wd}', *overrides,
+      '--config.mesh.num_devices=1')
+  assert code == errors.EXIT_USER_ERROR, err
+  return _one_line(err)
+
+
 # ----------------------------------------------------------------------------
 # 7. Numbers out of their declared interval
 
@@ -50,11 +60,7 @@ def test_numbers_out_of_range_are_one_line_before_any_work(tmp_path, key,
   value given; the workdir is never created (ema_decay 1.0 used to train a
   model that stays at its initial weights, NaN to act as 0)."""
   wd = tmp_path / 'wd'
-  code, _, err = support.run_main(
-      f'--config={support.MICRO}', f'--workdir={wd}',
-      f'--config.{key}={value}', '--config.mesh.num_devices=1')
-  assert code == errors.EXIT_USER_ERROR, err
-  line = _one_line(err)
+  line = _micro_refused(wd, f'--config.{key}={value}')
   interval = config_keys.KEYS[key].within
   assert f'{key} must be a number in {interval} (got {float(value)!r})' in (
       line), line
@@ -264,11 +270,7 @@ def test_dali_decode_without_dali_is_one_line_before_any_work(
   the workdir exists; an unknown decode names the two there are."""
   monkeypatch.setitem(sys.modules, 'nvidia.dali', None)
   wd = tmp_path / 'wd'
-  code, _, err = support.run_main(
-      f'--config={support.MICRO}', f'--workdir={wd}',
-      f'--config.data.decode={decode}', '--config.mesh.num_devices=1')
-  assert code == errors.EXIT_USER_ERROR, err
-  line = _one_line(err)
+  line = _micro_refused(wd, f'--config.data.decode={decode}')
   assert expected in line, line
   if decode == 'dali':
     assert line.endswith("pip install -e '.[dali]' (or data.decode=host)"), (
