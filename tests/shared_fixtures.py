@@ -4,7 +4,7 @@ for them. Plain helpers are in ``support.py``.
 
 A module-scoped fixture here is built once per module that uses it, as it
 was when the modules imported it from one another; ``workdir``, read only,
-is built once per session.
+and ``two_process_losses`` are built once per session.
 """
 
 import os
@@ -32,6 +32,17 @@ def workdir(tmp_path_factory):
                     force=True)
     mngr.wait_until_finished()
   return path
+
+
+@pytest.fixture(scope='session')
+def two_process_losses(tmp_path_factory):
+  """The loss curve of an uninterrupted run of ``support.TwoProcesses``
+  (``TWO_PROCESS_STEPS`` steps, local disk): what the two-host runs that
+  are stopped and resumed must reproduce (trained once per session)."""
+  workdir = tmp_path_factory.mktemp('two_process_reference')
+  run = support.TwoProcesses(str(workdir / 'run'), workdir, 'reference')
+  assert run.wait() == [0, 0], run.output(0)[-3000:]
+  return support.metric_values(str(workdir / 'run'))
 
 
 @pytest.fixture(scope='module')

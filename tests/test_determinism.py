@@ -87,7 +87,6 @@ def _busy_on(cpus):
 @pytest.mark.skipif(not hasattr(os, 'sched_setaffinity')
                     or len(os.sched_getaffinity(0)) < 2,
                     reason='needs two CPUs and sched_setaffinity (Linux)')
-@pytest.mark.serial
 def test_emoji_steps_are_bit_identical_on_one_busy_cpu_and_on_all(tmp_path):
   """The emoji demo's first 30 steps and its held-out evaluation on every
   CPU, then on one CPU shared with a busy loop: the same metrics.jsonl
