@@ -71,12 +71,18 @@ class Server:
 
 
 def stop(proc: subprocess.Popen):
-  """Ends a server process: SIGTERM, then SIGKILL after 10 s."""
+  """Ends a server process (SIGTERM, then SIGKILL after 10 s) and removes
+  its log, which is only read while it starts (``_wait``)."""
   proc.terminate()
   try:
     proc.wait(10)
   except subprocess.TimeoutExpired:
     proc.kill()
+    proc.wait()
+  log = getattr(proc, 'args_log', None)
+  if log:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(log)
 
 
 def start_gcs() -> Server:
