@@ -103,13 +103,14 @@ pytest_plugins = ('shared_fixtures',)
 
 
 def pytest_collection_modifyitems(config, items):
-  """A ``timing`` test is also ``slow``: CI runs the timing step of the
-  slow tier only (.ci/run's ``parallel_tier``), so a fast one would never
-  run there."""
+  """A ``timing`` or ``waits`` test is also ``slow``: CI runs the timing
+  step and the waits lane of the slow tier only (.ci/run's
+  ``parallel_tier``), so a fast one would never run there."""
   del config
-  fast_timing = [item.nodeid for item in items
-                 if item.get_closest_marker('timing') is not None
-                 and item.get_closest_marker('slow') is None]
-  if fast_timing:
-    raise pytest.UsageError(
-        f'tests marked timing must be marked slow too: {fast_timing}')
+  for marker in ('timing', 'waits'):
+    fast = [item.nodeid for item in items
+            if item.get_closest_marker(marker) is not None
+            and item.get_closest_marker('slow') is None]
+    if fast:
+      raise pytest.UsageError(
+          f'tests marked {marker} must be marked slow too: {fast}')

@@ -190,6 +190,7 @@ def test_a_lock_that_cannot_be_renewed_stops_the_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_transient_faults_train_to_the_end_like_a_clean_run(gcs, proxy,
                                                             tmp_path):
   """6% of requests fail (429/500/503 unapplied, downloads cut mid-body,
@@ -226,6 +227,7 @@ def test_transient_faults_train_to_the_end_like_a_clean_run(gcs, proxy,
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.parametrize('fault, match, says', [
     ('writes_forbidden', 'checkpoints/',
      r'saving checkpoint step \d+ to gs://\S+ failed: HTTP 403 Forbidden'),
@@ -259,6 +261,7 @@ def test_a_persistent_fault_ends_the_run_in_one_line_and_it_resumes(
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_stop_while_a_save_hangs_is_bounded_and_a_second_leaves_at_once(
     gcs, proxy):
   """The store stops answering checkpoint writes: SIGTERM ends the run

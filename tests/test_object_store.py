@@ -364,6 +364,7 @@ def test_a_store_export_whose_manifest_lists_a_missing_file_names_the_url(
                                  'config.json'), str(e.value)
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_an_export_to_s3_rides_out_transient_faults_and_names_a_403(
     s3, tmp_path, tokenizers):
   """tools/export_pytorch.py to s3:// through a faulty store
