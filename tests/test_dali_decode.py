@@ -17,7 +17,6 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 pytest.importorskip('nvidia.dali')
 
@@ -64,7 +63,7 @@ def records():
   """24 records: crops of the two sample photos as JPEGs large enough to be
   decoded at a reduced DCT scale by the host path (scale 2 or 4 at 64 px),
   small JPEGs (scale 1), greyscale JPEGs and PNGs; two captions each."""
-  photos = [np.asarray(x, np.uint8) for x in load_sample_images().images]
+  photos = support.sample_photos()
   rng = np.random.default_rng(0)
   out = []
   for i in range(24):

@@ -17,7 +17,6 @@ import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 from prolip_jax import errors
 from prolip_jax.conversion import common
@@ -34,6 +33,8 @@ from prolip_jax.data import sources
 from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
+
+from support import sample_photos
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_DIGITS = 48
@@ -62,7 +63,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes):
 
 @pytest.fixture(scope='module')
 def photos():
-  return [np.asarray(x, np.uint8) for x in load_sample_images().images]
+  return sample_photos()
 
 
 @pytest.fixture(scope='module')

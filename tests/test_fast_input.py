@@ -12,16 +12,17 @@ import math
 import numpy as np
 import pytest
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 from prolip_jax.data import bad_records
 from prolip_jax.data import image_decode
 from prolip_jax.data import transforms
 
+from support import sample_photos
+
 
 @pytest.fixture(scope='module')
 def photos():
-  return [np.asarray(x, np.uint8) for x in load_sample_images().images]
+  return sample_photos()
 
 
 def _reference_draws(rng: np.random.Generator, width: int, height: int,
