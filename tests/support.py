@@ -59,14 +59,6 @@ def xla_flags(devices: int) -> str:
   return ' '.join(kept + [f'--xla_force_host_platform_device_count={devices}'])
 
 
-def sample_photos() -> list[np.ndarray]:
-  """scikit-learn's two sample photos (427 x 640 RGB, uint8). Imported here,
-  not when a test module is collected: ``sklearn.datasets`` took 1.3 s of
-  every pytest process's collection (2026-12-07, this 2-core VM)."""
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  return [np.asarray(x, np.uint8) for x in datasets.load_sample_images().images]
-
-
 def cpu_env(devices: int) -> dict[str, str]:
   """``os.environ`` for a process of ``prolip_jax.main`` on ``devices``
   host CPU devices. A hung process's log holds everything it printed, and

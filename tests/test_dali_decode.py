@@ -59,11 +59,10 @@ def _encode(image: np.ndarray, fmt: str, **kw) -> bytes:
 
 
 @pytest.fixture(scope='module')
-def records():
+def records(photos):
   """24 records: crops of the two sample photos as JPEGs large enough to be
   decoded at a reduced DCT scale by the host path (scale 2 or 4 at 64 px),
   small JPEGs (scale 1), greyscale JPEGs and PNGs; two captions each."""
-  photos = support.sample_photos()
   rng = np.random.default_rng(0)
   out = []
   for i in range(24):

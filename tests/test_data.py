@@ -34,8 +34,6 @@ from prolip_jax.data import transforms
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import train_tokenizer
 
-from support import sample_photos
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_DIGITS = 48
 
@@ -59,11 +57,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes):
   info = tarfile.TarInfo(name)
   info.size = len(data)
   tar.addfile(info, io.BytesIO(data))
-
-
-@pytest.fixture(scope='module')
-def photos():
-  return sample_photos()
 
 
 @pytest.fixture(scope='module')

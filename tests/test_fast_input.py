@@ -17,13 +17,6 @@ from prolip_jax.data import bad_records
 from prolip_jax.data import image_decode
 from prolip_jax.data import transforms
 
-from support import sample_photos
-
-
-@pytest.fixture(scope='module')
-def photos():
-  return sample_photos()
-
 
 def _reference_draws(rng: np.random.Generator, width: int, height: int,
                      cfg: transforms.AugmentConfig):
