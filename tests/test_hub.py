@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from prolip_jax.data import text_clean
+from prolip_jax.data import tokenizer
 from prolip_jax.data.tokenizer import Tokenizer
 from prolip_jax.data.tokenizer import tokenizer_from_config
 from prolip_jax.data.tokenizer import train_tokenizer
@@ -138,6 +139,12 @@ def test_tokenizer_json_matches_transformers(tok_dir, clean):
   sp_tok = Tokenizer(str(tok_dir / 'spm.model'), length, pad_id=1,
                      clean=clean, keep_eos=True)
   np.testing.assert_array_equal(sp_tok(texts), want)
+  # A short list is encoded text by text (tokenizer._BATCH_ENCODE_MIN), a
+  # long one in one batch call: the same ids either way.
+  assert len(texts) >= tokenizer._BATCH_ENCODE_MIN
+  np.testing.assert_array_equal(sp_tok(texts[:3]), want[:3])
+  np.testing.assert_array_equal(
+      np.concatenate([sp_tok(t) for t in texts]), want)
 
 
 def sp_size(tok_dir):
