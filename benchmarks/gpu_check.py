@@ -34,7 +34,7 @@ run; sections that no longer fit are skipped, in this order of priority):
 
 Writes ``OUT/gpu_check.json`` (every figure), ``OUT/gpu_check.md`` (the
 tables, printed last) and one log per section. ``--skip_device`` runs every
-section on the CPU at toy sizes (the tiny model, 16 pairs, a 20-step demo)
+section on the CPU at toy sizes (the tiny model, 16 pairs, a 5-step demo)
 so that CI keeps this script working; its figures mean nothing.
 """
 
@@ -237,7 +237,7 @@ def section_demo(skip_device: bool, out_dir: str) -> dict:
   workdir = os.path.join(out_dir, 'demo_workdir')
   cmd = [sys.executable, '-m', 'prolip_jax.main', '--workdir', workdir]
   if skip_device:
-    cmd += ['--config.total_steps=20']
+    cmd += ['--config.total_steps=5']
   t0 = time.time()
   proc = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
                         check=False)

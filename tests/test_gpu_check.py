@@ -63,7 +63,7 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
   with open(out / 'demo_workdir' / 'metrics.jsonl') as f:
     metrics = [json.loads(line) for line in f if line.strip()]
   held_out = [m for m in metrics if 'eval/zeroshot_csd_top1' in m][-1]
-  assert demo['steps'] == 20
+  assert demo['steps'] == 5
   assert demo['heldout_top1_csd'] == pytest.approx(
       100 * held_out['eval/zeroshot_csd_top1'])
 
