@@ -256,7 +256,8 @@ def test_main_runs_pcclip_tiny(tmp_path):
          '--config.batch_size=16', '--config.log_every_steps=1',
          '--config.evals.eval.every_steps=0',
          # One layer per tower: the command and its reports are the point,
-         # not the model (the test took 51 s against 30 s; 2026-12-07, this 2-core VM).
+         # not the model (the test took 51 s against 30 s; 2026-12-07,
+         # this 2-core VM).
          '--config.model.vision.layers=1', '--config.model.text.layers=1']
   out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True,
                        text=True, timeout=600)
