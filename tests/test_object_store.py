@@ -207,9 +207,9 @@ def test_the_heartbeat_renews_the_lock(gcs, monkeypatch):
   monkeypatch.setattr(workdir_lock, 'HEARTBEAT_SECONDS', 0.2)
   wd = Workdir(gcs.url())
   with WorkdirLock(wd):
-    first = json.loads(wd.lock.read_text())['heartbeat']
+    first = json.loads(support.read_whole(wd.lock))['heartbeat']
     time.sleep(1.5)
-    assert json.loads(wd.lock.read_text())['heartbeat'] > first
+    assert json.loads(support.read_whole(wd.lock))['heartbeat'] > first
 
 
 def test_a_holder_paused_past_the_stale_limit_loses_its_gcs_lock(
@@ -225,7 +225,7 @@ def test_a_holder_paused_past_the_stale_limit_loses_its_gcs_lock(
   with pytest.raises(errors.WorkdirLockedError, match='lost the workdir'):
     a.check()
   a.release()
-  assert token(wd.lock.read_text()) == token(taken)
+  assert token(support.read_whole(wd.lock)) == token(taken)
   b.release()
   assert not wd.lock.exists()
 
