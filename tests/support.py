@@ -42,6 +42,7 @@ from prolip_jax.models import TextConfig
 from prolip_jax.models import VisionConfig
 from prolip_jax.models.prolip import init_params
 from prolip_jax.storage import checkpoint
+from prolip_jax.storage import paths
 from prolip_jax.training import optimizer
 from prolip_jax.training import train
 
@@ -528,7 +529,7 @@ def read_whole(path) -> str:
   """``path``'s text in one request. ``epath``'s ``read_text`` on ``gs://``
   asks the object's size, then reads that many bytes: an object rewritten
   between the two (a heartbeat every 0.05 s) comes back cut short."""
-  if not str(path).startswith(('gs://', 's3://')):
+  if not paths.is_remote(path):
     with open(os.fspath(path), encoding='utf-8') as f:
       return f.read()
   import fsspec  # pylint: disable=g-import-not-at-top
