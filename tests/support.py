@@ -525,18 +525,6 @@ def find_cycle(graph: dict[str, set[str]]):
 # A workdir lock whose holder is paused past the stale limit
 
 
-def read_whole(path) -> str:
-  """``path``'s text in one request. ``epath``'s ``read_text`` on ``gs://``
-  asks the object's size, then reads that many bytes: an object rewritten
-  between the two (a heartbeat every 0.05 s) comes back cut short."""
-  if not paths.is_remote(path):
-    with open(os.fspath(path), encoding='utf-8') as f:
-      return f.read()
-  import fsspec  # pylint: disable=g-import-not-at-top
-  fs, key = fsspec.core.url_to_fs(os.fspath(path))
-  return fs.cat_file(key).decode('utf-8')
-
-
 def lock_taken_over_while_paused(workdir, monkeypatch, lock_module):
   """Run A holds ``workdir``'s lock; its heartbeat thread is paused (its
   store requests held at a gate, as a SIGSTOP or a paused VM would hold
@@ -565,7 +553,7 @@ def lock_taken_over_while_paused(workdir, monkeypatch, lock_module):
   gate.clear()  # A paused
   time.sleep(1.5)  # past the stale limit
   b = lock_module.WorkdirLock(workdir).acquire()
-  taken = read_whole(lock)  # B's heartbeat rewrites it while we read
+  taken = paths.read_text(lock)  # B's heartbeat rewrites it while we read
   gate.set()  # A continues
   time.sleep(0.5)
-  return a, b, taken, read_whole(lock)
+  return a, b, taken, paths.read_text(lock)

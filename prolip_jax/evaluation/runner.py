@@ -172,7 +172,7 @@ def _summary_files(dest) -> set[str]:
   ``summary.json`` lists them (its ``files`` and ``figures``, with
   ``metrics``); empty for any other file of that name."""
   try:
-    summary = json.loads((paths.as_path(dest) / SUMMARY_FILE).read_text())
+    summary = json.loads(paths.read_text(paths.as_path(dest) / SUMMARY_FILE))
     written = list(summary['files']) + list(summary['figures'])
     assert isinstance(summary['metrics'], dict)
   except (OSError, ValueError, KeyError, TypeError, AssertionError):

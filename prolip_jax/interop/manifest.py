@@ -60,7 +60,7 @@ def read(directory) -> dict[str, Any] | None:
   if not path.exists():
     return None
   try:
-    manifest = json.loads(path.read_text())
+    manifest = json.loads(paths.read_text(path))
     files = manifest['files']
     assert isinstance(files, dict)
   except (ValueError, KeyError, TypeError, AssertionError) as e:

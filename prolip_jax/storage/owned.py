@@ -51,7 +51,7 @@ def listed(directory, record: str) -> Optional[list[str]]:
   unreadable."""
   path = paths.as_path(directory) / record
   try:
-    files = json.loads(path.read_text())['files']
+    files = json.loads(paths.read_text(path))['files']
   except (OSError, ValueError, KeyError, TypeError):
     return None
   if isinstance(files, dict):

