@@ -121,10 +121,13 @@ def test_a_write_to_a_missing_bucket_names_it_on_either_store(store):
   assert ("bucket 'no-such-bucket' does not exist or cannot be reached "
           f'({scheme}://no-such-bucket') in errors.message(found)
 
-def test_a_missing_object_is_named_by_its_url(gcs):
+@pytest.mark.parametrize('read', [
+    lambda url: paths.parse(url).read_bytes(), paths.read_bytes,
+    paths.read_text], ids=['epath', 'read_bytes', 'read_text'])
+def test_a_missing_object_is_named_by_its_url(gcs, read):
   url = gcs.url('no/such object')
   with pytest.raises(FileNotFoundError) as e:
-    paths.parse(url).read_bytes()
+    read(url)
   found = errors.user_error_of(e.value)
   assert errors.message(found) == f'no such object: {url}'
   assert errors.exit_status(found) == errors.EXIT_USER_ERROR

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import hashlib
 import os
 import posixpath
@@ -180,14 +181,23 @@ def read_bytes(path: PathLike) -> bytes:
   (``epath``'s ``read_bytes`` asks an object's size, then reads that many
   bytes, so an object rewritten between the two came back cut short: 182
   of 300 reads of an object another thread kept rewriting, against the GCS
-  emulator, 2026-12-07). ``FileNotFoundError`` when absent."""
+  emulator, 2026-12-07). ``FileNotFoundError`` naming ``path`` when
+  absent."""
   path = as_path(path)
   if not is_remote(path):
     with open(os.fspath(path), 'rb') as f:
       return f.read()
   import fsspec  # pylint: disable=g-import-not-at-top
   fs, key = fsspec.core.url_to_fs(os.fspath(path))
-  return fs.cat_file(key)
+  try:
+    return fs.cat_file(key)
+  except FileNotFoundError:
+    pass
+  # Raised outside the handler, so with no context: gcsfs's error names its
+  # download request, whose 404 the error layer reads as a store's fault
+  # ("check that the bucket exists") anywhere in the chain; a missing
+  # object is the user's, named by its URL.
+  raise FileNotFoundError(errno.ENOENT, 'no such object', os.fspath(path))
 
 
 def read_text(path: PathLike) -> str:
